@@ -1,0 +1,254 @@
+"""LatencyProfile: measured service-time samples per batch size, and its JSON format.
+
+A profile answers "how long does one batch of ``b`` items take on this device?" from
+measurements. The simulator samples from it (bootstrap); the calibration tools write it.
+Everything inside is in seconds. This module imports neither torch nor simpy.
+
+Interpolation: between two measured batch sizes the median is interpolated linearly and a
+sample is a bootstrap draw from the nearer measured size, scaled by the ratio of medians.
+Beyond the measured range a :class:`ProfileError` is raised unless the profile was opened with
+``extrapolate=True``; then a straight line through the last two measured medians is used and a
+warning is logged once per size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+BUILTIN_PREFIX = "builtin:"
+_LOG = logging.getLogger(__name__)
+
+
+class ProfileError(ValueError):
+    """A profile file is missing, malformed, or asked for a batch size it cannot answer."""
+
+
+@dataclass(frozen=True)
+class LatencyProfile:
+    """Measured batch service times for one model on one device.
+
+    Attributes:
+        samples_s: Measured service times in seconds, keyed by batch size (items).
+        model: Model name and runner parameters (``{"name": ..., ...}``).
+        device: Device description (``{"kind": "cpu"|"cuda", "name": ...}``).
+        meta: Everything else recorded with the measurement (dtype, threads, versions, host,
+            created_at, synthetic flag, ...).
+        extrapolate: Allow (logged) linear extrapolation beyond the measured sizes.
+    """
+
+    samples_s: dict[int, np.ndarray]
+    model: dict[str, Any] = field(default_factory=dict)
+    device: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    extrapolate: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.samples_s:
+            raise ProfileError("profile.batch_sizes: no batch sizes measured (need at least one)")
+        for size, samples in self.samples_s.items():
+            if int(size) < 1:
+                raise ProfileError(f"profile.batch_sizes: batch size {size} must be >= 1")
+            arr = np.asarray(samples, dtype=float)
+            if arr.ndim != 1 or arr.size == 0:
+                raise ProfileError(f"profile.samples[{size}]: needs a non-empty list of seconds")
+            if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+                raise ProfileError(f"profile.samples[{size}]: samples must be finite and > 0 s")
+        ordered = {int(b): np.sort(np.asarray(s, dtype=float)) for b, s in self.samples_s.items()}
+        object.__setattr__(self, "samples_s", dict(sorted(ordered.items())))
+        sizes = np.array(list(self.samples_s), dtype=float)
+        medians = np.array([float(np.median(s)) for s in self.samples_s.values()])
+        object.__setattr__(self, "_sizes", sizes)
+        object.__setattr__(self, "_medians", medians)
+        object.__setattr__(self, "_warned", set())
+
+    # -- queries -----------------------------------------------------------------------------
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Measured batch sizes, ascending."""
+        return list(self.samples_s)
+
+    @property
+    def max_batch_size(self) -> int:
+        """Largest measured batch size."""
+        return int(self._sizes[-1])  # type: ignore[attr-defined]
+
+    @property
+    def name(self) -> str:
+        """A short label: model name and device kind."""
+        return f"{self.model.get('name', 'model')}@{self.device.get('name', self.device.get('kind', '?'))}"
+
+    def median_s(self, batch_size: float) -> float:
+        """Median service time of one batch of ``batch_size`` items, in seconds."""
+        sizes: np.ndarray = self._sizes  # type: ignore[attr-defined]
+        medians: np.ndarray = self._medians  # type: ignore[attr-defined]
+        b = float(batch_size)
+        if sizes[0] <= b <= sizes[-1]:
+            return float(np.interp(b, sizes, medians))
+        return self._extrapolated_median_s(b)
+
+    def quantile_s(self, batch_size: float, q: float) -> float:
+        """The ``q`` quantile (0..1) of the service time at ``batch_size``, in seconds."""
+        if not 0.0 <= q <= 1.0:
+            raise ProfileError(f"quantile q={q} must lie in [0, 1]")
+        base, scale = self._nearest(batch_size)
+        return float(np.quantile(self.samples_s[base], q)) * scale
+
+    def mean_s(self, batch_size: float) -> float:
+        """Mean service time at ``batch_size`` in seconds (scaled from the nearest size)."""
+        base, scale = self._nearest(batch_size)
+        return float(np.mean(self.samples_s[base])) * scale
+
+    def sample_s(self, batch_size: float, rng: np.random.Generator) -> float:
+        """One bootstrap draw of the service time at ``batch_size``, in seconds."""
+        base, scale = self._nearest(batch_size)
+        samples = self.samples_s[base]
+        return float(samples[int(rng.integers(samples.size))]) * scale
+
+    def scaled_samples_s(self, batch_size: float) -> np.ndarray:
+        """The sorted samples used for ``batch_size`` (nearest measured size, scaled)."""
+        base, scale = self._nearest(batch_size)
+        return self.samples_s[base] * scale
+
+    # -- internals ---------------------------------------------------------------------------
+    def _nearest(self, batch_size: float) -> tuple[int, float]:
+        b = float(batch_size)
+        if b in self.samples_s:
+            return int(b), 1.0
+        sizes: np.ndarray = self._sizes  # type: ignore[attr-defined]
+        idx = int(np.argmin(np.abs(sizes - b)))
+        base = int(sizes[idx])
+        medians: np.ndarray = self._medians  # type: ignore[attr-defined]
+        return base, self.median_s(b) / float(medians[idx])
+
+    def _extrapolated_median_s(self, b: float) -> float:
+        sizes: np.ndarray = self._sizes  # type: ignore[attr-defined]
+        medians: np.ndarray = self._medians  # type: ignore[attr-defined]
+        if not self.extrapolate:
+            raise ProfileError(
+                f"batch size {b:g} is outside the measured range "
+                f"{int(sizes[0])}..{int(sizes[-1])} of profile {self.name}; measure it, lower "
+                "max_batch_size, or set service.extrapolate: true"
+            )
+        if b not in self._warned:  # type: ignore[attr-defined]
+            self._warned.add(b)  # type: ignore[attr-defined]
+            _LOG.warning("profile %s: extrapolating to batch size %g", self.name, b)
+        if sizes.size == 1:
+            return float(medians[0] * b / sizes[0])
+        i0, i1 = (0, 1) if b < sizes[0] else (-2, -1)
+        slope = (medians[i1] - medians[i0]) / (sizes[i1] - sizes[i0])
+        value = float(medians[i1] + slope * (b - sizes[i1]))
+        floor = float(medians[0]) * 0.05
+        return max(value, floor)
+
+    # -- files -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form of the profile (schema ``SCHEMA_VERSION``)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": self.model,
+            "device": self.device,
+            **self.meta,
+            "batch_sizes": self.batch_sizes,
+            "samples_s": {str(b): [round(float(x), 9) for x in s] for b, s in self.samples_s.items()},
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as JSON to ``path`` and return it."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "profile", extrapolate: bool = False
+                  ) -> LatencyProfile:
+        """Build a profile from its JSON form; errors name the offending field."""
+        if not isinstance(data, dict):
+            raise ProfileError(f"{source}: top level must be a JSON object")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ProfileError(
+                f"{source}: schema_version is {version!r}; this servelab reads {SCHEMA_VERSION}"
+            )
+        raw = data.get("samples_s")
+        if not isinstance(raw, dict) or not raw:
+            raise ProfileError(f"{source}: samples_s must map batch sizes to lists of seconds")
+        samples: dict[int, np.ndarray] = {}
+        for key, values in raw.items():
+            try:
+                size = int(key)
+            except (TypeError, ValueError):
+                raise ProfileError(f"{source}: samples_s key {key!r} is not a batch size") from None
+            if not isinstance(values, list) or not all(isinstance(v, int | float) for v in values):
+                raise ProfileError(f"{source}: samples_s[{key}] must be a list of numbers")
+            samples[size] = np.asarray(values, dtype=float)
+        listed = data.get("batch_sizes")
+        if listed is not None and sorted(int(b) for b in listed) != sorted(samples):
+            missing = sorted(set(int(b) for b in listed) - set(samples))
+            raise ProfileError(f"{source}: batch_sizes {missing} listed but have no samples_s")
+        meta = {k: v for k, v in data.items()
+                if k not in {"schema_version", "model", "device", "batch_sizes", "samples_s"}}
+        try:
+            return cls(samples_s=samples, model=dict(data.get("model") or {}),
+                       device=dict(data.get("device") or {}), meta=meta, extrapolate=extrapolate)
+        except ProfileError as exc:
+            raise ProfileError(f"{source}: {exc}") from None
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped with servelab (usable as ``builtin:NAME``)."""
+    folder = resources.files("calibration") / "profiles"
+    return sorted(p.name.removesuffix(".json") for p in folder.iterdir()
+                  if p.name.endswith(".json"))
+
+
+def load_profile(ref: str | Path, *, extrapolate: bool = False) -> LatencyProfile:
+    """Load a profile from a path or a ``builtin:NAME`` reference.
+
+    Raises:
+        ProfileError: the file is missing, is not JSON, or is not a valid profile.
+    """
+    text_ref = str(ref)
+    if text_ref.startswith(BUILTIN_PREFIX):
+        name = text_ref[len(BUILTIN_PREFIX):]
+        if name not in builtin_profiles():
+            raise ProfileError(f"service.path: unknown builtin profile {name!r}; "
+                               f"available: {', '.join(builtin_profiles())}")
+        text = (resources.files("calibration") / "profiles" / f"{name}.json").read_text()
+    else:
+        path = Path(text_ref)
+        if not path.is_file():
+            raise ProfileError(f"service.path: profile file {text_ref!r} not found")
+        text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"service.path: {text_ref!r} is not valid JSON ({exc.msg}, "
+                           f"line {exc.lineno})") from None
+    return LatencyProfile.from_dict(data, source=text_ref, extrapolate=extrapolate)
+
+
+def profile_summary(profile: LatencyProfile) -> list[dict[str, float]]:
+    """Robust per-size summary rows: median, p5, p95, p99 (ms) and CV."""
+    rows = []
+    for size, samples in profile.samples_s.items():
+        mean = float(np.mean(samples))
+        rows.append({
+            "batch_size": size,
+            "n": int(samples.size),
+            "median_ms": float(np.median(samples)) * 1e3,
+            "p5_ms": float(np.quantile(samples, 0.05)) * 1e3,
+            "p95_ms": float(np.quantile(samples, 0.95)) * 1e3,
+            "p99_ms": float(np.quantile(samples, 0.99)) * 1e3,
+            "cv": float(np.std(samples) / mean) if mean > 0 else math.nan,
+        })
+    return rows

@@ -1,0 +1,136 @@
+"""Turn a validated :class:`Scenario` into the objects a driver runs.
+
+One plain mapping per family (``POLICIES`` in :mod:`sim.policies`, the dicts below); no
+enums, no registries with classes of their own. Random streams: the scenario seed is split
+with ``numpy.random.SeedSequence`` into independent streams for arrivals, service times,
+routing and think times, so changing the policy never changes the arrival schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calibration.profile import load_profile
+from sim.policies import POLICIES
+from sim.routing import Router, make_router
+from sim.scenario import Scenario
+from sim.service import (
+    ConstantService,
+    GammaService,
+    LinearService,
+    ProfileService,
+    ServiceModel,
+    exponential_service,
+)
+from sim.types import Policy
+from sim.workloads import (
+    ArrivalSchedule,
+    ClosedLoop,
+    Constant,
+    GammaArrivals,
+    Mmpp,
+    OpenLoop,
+    Poisson,
+    Sinusoid,
+    Trace,
+)
+
+WORKLOADS: dict[str, Callable[..., OpenLoop | ClosedLoop]] = {
+    "poisson": Poisson,
+    "constant": Constant,
+    "gamma": GammaArrivals,
+    "mmpp": Mmpp,
+    "sinusoid": Sinusoid,
+    "trace": Trace,
+    "closed": ClosedLoop,
+}
+
+
+@dataclass(frozen=True)
+class Streams:
+    """Independent random generators derived from the scenario seed."""
+
+    arrivals: np.random.Generator
+    service: np.random.Generator
+    routing: np.random.Generator
+    think: np.random.Generator
+
+    @classmethod
+    def from_seed(cls, seed: int) -> Streams:
+        """Split ``seed`` into the four streams."""
+        gens = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
+        return cls(*gens)
+
+
+def _knobs(cfg: Any, *drop: str) -> dict[str, Any]:
+    return {k: v for k, v in cfg.model_dump().items() if k not in {"kind", *drop}}
+
+
+def build_service(scenario: Scenario, rng: np.random.Generator | None = None) -> ServiceModel:
+    """The service-time model of the scenario."""
+    cfg = scenario.service
+    gen = rng if rng is not None else np.random.default_rng(0)
+    if cfg.kind == "profile":
+        return ProfileService(load_profile(cfg.path, extrapolate=cfg.extrapolate), gen,
+                              cfg.deterministic)
+    if cfg.kind == "linear":
+        return LinearService(cfg.base_ms, cfg.per_item_ms, cfg.cv, gen, cfg.deterministic)
+    if cfg.kind == "constant":
+        return ConstantService(cfg.ms)
+    if cfg.kind == "exponential":
+        return exponential_service(cfg.mean_ms, gen, cfg.deterministic)
+    return GammaService(cfg.mean_ms, cfg.cv, gen, cfg.deterministic)
+
+
+def build_workload(scenario: Scenario) -> OpenLoop | ClosedLoop:
+    """The workload object of the scenario."""
+    cfg = scenario.workload
+    knobs = _knobs(cfg)
+    if cfg.kind == "closed":
+        knobs.pop("priority_mix", None)
+    return WORKLOADS[cfg.kind](**knobs)
+
+
+def arrival_schedule(scenario: Scenario) -> ArrivalSchedule:
+    """The open-loop arrival schedule the scenario's seed produces (what live replays)."""
+    workload = build_workload(scenario)
+    if isinstance(workload, ClosedLoop):
+        raise ValueError("workload.kind: 'closed' has no schedule fixed in advance; the "
+                         "driver runs its clients")
+    return workload.schedule(Streams.from_seed(scenario.seed).arrivals)
+
+
+def build_policy(scenario: Scenario, estimate_s: Callable[[int], float]) -> Policy:
+    """A fresh policy object (one per replica)."""
+    cfg = scenario.policy
+    knobs = _knobs(cfg)
+    if cfg.kind == "fixed":
+        knobs["batch_size"] = knobs.pop("batch_size")
+    if cfg.kind == "slo":
+        knobs["estimate_s"] = estimate_s
+    policy: Policy = POLICIES[cfg.kind](**knobs)
+    return policy
+
+
+def max_batch_size(scenario: Scenario) -> int:
+    """Largest batch the scenario's policy may form."""
+    cfg = scenario.policy
+    return int(getattr(cfg, "max_batch_size", getattr(cfg, "batch_size", 1)))
+
+
+def build_router(scenario: Scenario, rng: np.random.Generator) -> Router | None:
+    """The router (None for a shared queue)."""
+    return make_router(scenario.routing, rng)
+
+
+def horizon_s(scenario: Scenario, last_arrival_s: float) -> float:
+    """End of the measurement window: duration_s, else the last arrival."""
+    duration = getattr(scenario.workload, "duration_s", None)
+    if duration is not None and math.isfinite(duration):
+        return float(duration)
+    return float(last_arrival_s)

@@ -1,0 +1,220 @@
+"""Request queues (fifo, strict priority, EDF) and the read-only view policies see.
+
+A queue stores request ids; request attributes live in the columnar :class:`RequestTable`.
+Removal is lazy: the core changes a request's status first, the queue then forgets ids whose
+status is no longer QUEUED when it next walks past them. ``length`` and ``items`` are kept
+exact at all times.
+
+Invariant: ``length`` equals the number of ids in the queue whose status is QUEUED.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterator
+
+from sim.records import RequestTable
+from sim.types import QUEUED, Request
+
+DISCIPLINES = ("fifo", "priority", "edf")
+
+
+class RequestQueue:
+    """Base queue: exact counters plus a discipline-specific order of ids."""
+
+    def __init__(self, table: RequestTable, index: int) -> None:
+        self.table = table
+        self.index = index
+        self.length = 0
+        self.items = 0
+        self.view = QueueViewImpl(self)
+
+    def push(self, request_id: int) -> None:
+        """Enqueue a request (status must already be QUEUED)."""
+        self._push(request_id)
+        self.length += 1
+        self.items += self.table.size[request_id]
+
+    def forget(self, request_id: int) -> None:
+        """Account for a request that left (its status is already changed)."""
+        self.length -= 1
+        self.items -= self.table.size[request_id]
+
+    def _push(self, request_id: int) -> None:
+        raise NotImplementedError
+
+    def iter_ids(self) -> Iterator[int]:
+        """Queued ids in service order."""
+        raise NotImplementedError
+
+    def ids(self, k: int | None = None) -> list[int]:
+        """First ``k`` queued ids in service order."""
+        limit = self.length if k is None else min(k, self.length)
+        out: list[int] = []
+        if limit <= 0:
+            return out
+        for rid in self.iter_ids():
+            out.append(rid)
+            if len(out) >= limit:
+                break
+        return out
+
+    def oldest_arrival_s(self) -> float:
+        """Earliest arrival among queued requests."""
+        arrival = self.table.arrival_s
+        return min((arrival[r] for r in self.iter_ids()), default=math.inf)
+
+
+class FifoQueue(RequestQueue):
+    """First come, first served."""
+
+    def __init__(self, table: RequestTable, index: int) -> None:
+        super().__init__(table, index)
+        self._ids: deque[int] = deque()
+
+    def _push(self, request_id: int) -> None:
+        self._ids.append(request_id)
+
+    def iter_ids(self) -> Iterator[int]:
+        """Queued ids, oldest first."""
+        ids, status = self._ids, self.table.status
+        while ids and status[ids[0]] != QUEUED:
+            ids.popleft()
+        return (r for r in ids if status[r] == QUEUED)
+
+    def ids(self, k: int | None = None) -> list[int]:
+        """First ``k`` queued ids, oldest first (fast path when nothing was removed inside)."""
+        ids, status = self._ids, self.table.status
+        while ids and status[ids[0]] != QUEUED:
+            ids.popleft()
+        limit = self.length if k is None else min(k, self.length)
+        if len(ids) == self.length:  # no lazily removed ids inside the deque
+            if limit == 1:
+                return [ids[0]]
+            return [ids[i] for i in range(limit)]
+        return super().ids(k)
+
+    def oldest_arrival_s(self) -> float:
+        """Arrival of the head (FIFO order is arrival order)."""
+        head = self.ids(1)
+        return self.table.arrival_s[head[0]] if head else math.inf
+
+
+class PriorityQueue(RequestQueue):
+    """Strict priority levels (0 first), FIFO within a level."""
+
+    def __init__(self, table: RequestTable, index: int) -> None:
+        super().__init__(table, index)
+        self._levels: dict[int, deque[int]] = {}
+
+    def _push(self, request_id: int) -> None:
+        level = self.table.priority[request_id]
+        bucket = self._levels.get(level)
+        if bucket is None:
+            bucket = self._levels[level] = deque()
+            self._levels = dict(sorted(self._levels.items()))
+        bucket.append(request_id)
+
+    def iter_ids(self) -> Iterator[int]:
+        """Queued ids, highest priority first, FIFO within a level."""
+        status = self.table.status
+        for bucket in list(self._levels.values()):
+            while bucket and status[bucket[0]] != QUEUED:
+                bucket.popleft()
+        return (r for bucket in self._levels.values() for r in bucket if status[r] == QUEUED)
+
+
+class EdfQueue(RequestQueue):
+    """Earliest deadline first (ties by arrival order); requests without deadline go last."""
+
+    def __init__(self, table: RequestTable, index: int) -> None:
+        super().__init__(table, index)
+        self._heap: list[tuple[float, int]] = []
+
+    def _push(self, request_id: int) -> None:
+        heapq.heappush(self._heap, (self.table.deadline_s[request_id], request_id))
+
+    def iter_ids(self) -> Iterator[int]:
+        """Queued ids by deadline."""
+        status, heap = self.table.status, self._heap
+        while heap and status[heap[0][1]] != QUEUED:
+            heapq.heappop(heap)
+        live = [entry for entry in heap if status[entry[1]] == QUEUED]
+        if len(live) != len(heap):
+            heapq.heapify(live)
+            self._heap = live
+        return (rid for _, rid in sorted(live))
+
+    def ids(self, k: int | None = None) -> list[int]:
+        """First ``k`` ids by deadline."""
+        if k is None or k >= self.length:
+            return list(self.iter_ids())
+        self.iter_ids()  # purge
+        return [rid for _, rid in heapq.nsmallest(k, self._heap)]
+
+
+QUEUE_CLASSES: dict[str, type[RequestQueue]] = {
+    "fifo": FifoQueue,
+    "priority": PriorityQueue,
+    "edf": EdfQueue,
+}
+
+
+def make_queue(discipline: str, table: RequestTable, index: int) -> RequestQueue:
+    """Build a queue of the named discipline."""
+    try:
+        cls = QUEUE_CLASSES[discipline]
+    except KeyError:
+        raise ValueError(f"queue.discipline: unknown {discipline!r}; allowed: "
+                         f"{', '.join(DISCIPLINES)}") from None
+    return cls(table, index)
+
+
+class QueueViewImpl:
+    """Read-only :class:`sim.types.QueueView` over one queue."""
+
+    __slots__ = ("_q",)
+
+    def __init__(self, queue: RequestQueue) -> None:
+        self._q = queue
+
+    def __len__(self) -> int:
+        return self._q.length
+
+    @property
+    def items(self) -> int:
+        """Total items queued."""
+        return self._q.items
+
+    def ids(self, k: int | None = None) -> list[int]:
+        """First ``k`` ids in service order."""
+        return self._q.ids(k)
+
+    def oldest_arrival_s(self) -> float:
+        """Earliest arrival among the queued requests."""
+        return self._q.oldest_arrival_s()
+
+    def arrival_s(self, request_id: int) -> float:
+        """Arrival time of a request."""
+        return self._q.table.arrival_s[request_id]
+
+    def size(self, request_id: int) -> int:
+        """Items of a request."""
+        return self._q.table.size[request_id]
+
+    def deadline_s(self, request_id: int) -> float:
+        """Absolute deadline of a request."""
+        return self._q.table.deadline_s[request_id]
+
+    def requests(self, k: int | None = None) -> list[Request]:
+        """First ``k`` queued requests as objects."""
+        t = self._q.table
+        return [Request(id=r, arrival_s=t.arrival_s[r], size=t.size[r], priority=t.priority[r],
+                        deadline_s=t.deadline_s[r],
+                        klass=t.klass[r] if t.klass is not None else "")
+                for r in self._q.ids(k)]
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self.requests())

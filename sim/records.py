@@ -1,0 +1,176 @@
+"""Columnar records of a run: requests, batches and the queue-length step function.
+
+Records are kept in typed ``array.array`` columns (a few bytes per request, no Python object
+per request kept alive) and turned into pandas DataFrames at the boundary. Both drivers write
+them through :class:`sim.core.ServingCore`, so sim and live tables have the same shape.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+import numpy as np
+import pandas as pd
+
+from sim.types import QUEUED, STATUS_NAMES
+
+
+def _column(code: str, values: np.ndarray | None, n: int, fill: float) -> array:  # type: ignore[type-arg]
+    col: array = array(code)  # type: ignore[type-arg]
+    if values is not None:
+        col.frombytes(np.ascontiguousarray(values, dtype=np.dtype(code)).tobytes())
+    else:
+        col.frombytes(np.full(n, fill, dtype=np.dtype(code)).tobytes())
+    return col
+
+
+class RequestTable:
+    """Per-request columns, indexed by request id (ids are dense, in arrival order).
+
+    Open-loop runs preload the whole arrival schedule; closed-loop runs append as clients send.
+    """
+
+    def __init__(self, arrival_s: np.ndarray | None = None, size: np.ndarray | None = None,
+                 priority: np.ndarray | None = None, deadline_s: np.ndarray | None = None,
+                 klass: list[str] | None = None) -> None:
+        n = 0 if arrival_s is None else int(arrival_s.size)
+        self.arrival_s = _column("d", arrival_s, n, 0.0)
+        self.size = _column("l", size, n, 1)
+        self.priority = _column("b", priority, n, 0)
+        self.deadline_s = _column("d", deadline_s, n, math.inf)
+        self.start_s = _column("d", None, n, math.nan)
+        self.finish_s = _column("d", None, n, math.nan)
+        self.batch_id = _column("q", None, n, -1)
+        self.replica = _column("h", None, n, -1)
+        self.status = _column("b", None, n, QUEUED)
+        self.client = _column("l", None, n, -1)
+        self.klass = klass
+        self.reasons: dict[int, str] = {}
+        self.n = n
+
+    def append(self, arrival_s: float, size: int, priority: int, deadline_s: float,
+               client: int) -> int:
+        """Add one request (closed loop) and return its id."""
+        self.arrival_s.append(arrival_s)
+        self.size.append(size)
+        self.priority.append(priority)
+        self.deadline_s.append(deadline_s)
+        self.start_s.append(math.nan)
+        self.finish_s.append(math.nan)
+        self.batch_id.append(-1)
+        self.replica.append(-1)
+        self.status.append(QUEUED)
+        self.client.append(client)
+        self.n += 1
+        return self.n - 1
+
+    def status_counts(self, upto: int | None = None) -> dict[str, int]:
+        """Requests per status name over the first ``upto`` ids (all when None)."""
+        codes = np.frombuffer(self.status, dtype=np.int8)[: self.n if upto is None else upto]
+        counts = np.bincount(codes, minlength=7)
+        out: dict[str, int] = {name: 0 for name in STATUS_NAMES.values()}
+        for code, name in STATUS_NAMES.items():
+            out[name] += int(counts[code])
+        return out
+
+    def to_frame(self, upto: int | None = None) -> pd.DataFrame:
+        """The request table (see design: id, arrival_s, start_s, finish_s, ...)."""
+        n = self.n if upto is None else upto
+
+        def col(a: array, code: str) -> np.ndarray:  # type: ignore[type-arg]
+            return np.frombuffer(a, dtype=np.dtype(code))[:n].copy()
+
+        status_codes = col(self.status, "b")
+        names = np.array([STATUS_NAMES[i] for i in range(7)], dtype=object)
+        reason = np.full(n, "", dtype=object)
+        for rid, text in self.reasons.items():
+            if rid < n:
+                reason[rid] = text
+        frame = pd.DataFrame({
+            "id": np.arange(n, dtype=np.int64),
+            "arrival_s": col(self.arrival_s, "d"),
+            "start_s": col(self.start_s, "d"),
+            "finish_s": col(self.finish_s, "d"),
+            "batch_id": col(self.batch_id, "q"),
+            "replica": col(self.replica, "h").astype(np.int32),
+            "status": pd.Categorical(names[status_codes],
+                                     categories=["ok", "rejected", "timed_out", "dropped",
+                                                 "failed", "in_flight"]),
+            "reason": reason.astype(str),
+            "size": col(self.size, "l").astype(np.int64),
+            "priority": col(self.priority, "b").astype(np.int16),
+            "deadline_s": col(self.deadline_s, "d"),
+        })
+        if self.klass is not None:
+            frame["klass"] = self.klass[:n]
+        clients = col(self.client, "l")
+        if n and clients.max() >= 0:
+            frame["client"] = clients.astype(np.int64)
+        return frame
+
+
+class BatchTable:
+    """Per-batch columns: batch_id, replica, start_s, finish_s, size, items, failed."""
+
+    def __init__(self) -> None:
+        self.replica = array("h")
+        self.start_s = array("d")
+        self.finish_s = array("d")
+        self.size = array("l")
+        self.items = array("l")
+        self.failed = array("b")
+
+    def open(self, replica: int, start_s: float, size: int, items: int) -> int:
+        """Record a batch start; returns its id (finish filled in by :meth:`close`)."""
+        self.replica.append(replica)
+        self.start_s.append(start_s)
+        self.finish_s.append(math.nan)
+        self.size.append(size)
+        self.items.append(items)
+        self.failed.append(0)
+        return len(self.start_s) - 1
+
+    def close(self, batch_id: int, finish_s: float, failed: bool) -> None:
+        """Record a batch's end."""
+        self.finish_s[batch_id] = finish_s
+        self.failed[batch_id] = 1 if failed else 0
+
+    def to_frame(self) -> pd.DataFrame:
+        """The batch table."""
+        n = len(self.start_s)
+        return pd.DataFrame({
+            "batch_id": np.arange(n, dtype=np.int64),
+            "replica": np.frombuffer(self.replica, dtype=np.int16).astype(np.int32),
+            "start_s": np.frombuffer(self.start_s, dtype=np.float64).copy(),
+            "finish_s": np.frombuffer(self.finish_s, dtype=np.float64).copy(),
+            "size": np.frombuffer(self.size, dtype=np.int64).copy(),
+            "items": np.frombuffer(self.items, dtype=np.int64).copy(),
+            "failed": np.frombuffer(self.failed, dtype=np.int8).astype(bool),
+        })
+
+
+class QueueSeries:
+    """Queue length as a step function: one row per change, ``(time_s, queue, length)``.
+
+    ``queue`` is 0 for a shared queue, else the replica index that owns the queue.
+    """
+
+    def __init__(self) -> None:
+        self.time_s = array("d")
+        self.queue = array("h")
+        self.length = array("l")
+
+    def record(self, time_s: float, queue: int, length: int) -> None:
+        """Append one change."""
+        self.time_s.append(time_s)
+        self.queue.append(queue)
+        self.length.append(length)
+
+    def to_frame(self) -> pd.DataFrame:
+        """The queue table."""
+        return pd.DataFrame({
+            "time_s": np.frombuffer(self.time_s, dtype=np.float64).copy(),
+            "queue": np.frombuffer(self.queue, dtype=np.int16).astype(np.int32),
+            "length": np.frombuffer(self.length, dtype=np.int64).copy(),
+        })

@@ -1,0 +1,82 @@
+"""The run directory shared by ``servelab simulate`` and ``servelab live``.
+
+Layout: ``scenario.yaml`` (resolved), ``requests.parquet``, ``batches.parquet``,
+``queue.parquet``, ``summary.json``, ``meta.json`` (versions, host, device, seed, driver).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.scenario import Scenario
+
+_PACKAGES = ("servelab", "simpy", "numpy", "pandas", "pyarrow", "pydantic", "torch")
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of servelab and the packages that shape its results."""
+    out = {"python": sys.version.split()[0]}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def run_meta(scenario: Scenario, driver: str, device: dict[str, Any],
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Provenance of a run: config name, seed, driver, device, versions, host, time."""
+    return {
+        "driver": driver,
+        "scenario": scenario.name,
+        "seed": scenario.seed,
+        "device": device,
+        "versions": versions(),
+        "host": {"name": platform.node(), "platform": platform.platform(),
+                 "processor": platform.processor() or platform.machine()},
+        "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: NaN and inf become null."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):
+        return _clean(value.item())
+    return value
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON with NaN/inf as null."""
+    path.write_text(json.dumps(_clean(data), indent=2) + "\n")
+
+
+def write_run_dir(out_dir: str | Path, scenario: Scenario, requests: pd.DataFrame,
+                  batches: pd.DataFrame, queue: pd.DataFrame, summary: dict[str, Any],
+                  meta: dict[str, Any]) -> Path:
+    """Write a complete run directory and return its path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scenario.yaml").write_text(scenario.to_yaml())
+    write_json(out / "meta.json", meta)
+    requests.to_parquet(out / "requests.parquet", index=False)
+    batches.to_parquet(out / "batches.parquet", index=False)
+    queue.to_parquet(out / "queue.parquet", index=False)
+    write_json(out / "summary.json", summary)
+    return out
