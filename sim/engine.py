@@ -47,7 +47,7 @@ class SimPyDriver:
         if arrival_s == math.inf:
             return
         self._tick_pending = True
-        event = self.env.timeout(max(0.0, arrival_s - self.env.now))
+        event = self.env.timeout(max(0.0, arrival_s - self.env.now), arrival_s)
         event.callbacks.append(self._on_tick)
 
     def _consult(self, replica: int, now_s: float) -> None:
@@ -61,7 +61,8 @@ class SimPyDriver:
                 elif wake_s != self._wake_at_s[replica]:
                     self._wake_token[replica] += 1
                     self._wake_at_s[replica] = wake_s
-                    event = env.timeout(wake_s - now_s, (replica, self._wake_token[replica]))
+                    event = env.timeout(wake_s - now_s,
+                                        (replica, self._wake_token[replica], wake_s))
                     event.callbacks.append(self._on_wake)
                 return
             self._wake_token[replica] += 1
@@ -78,9 +79,11 @@ class SimPyDriver:
                     self._consult(replica, now_s)
 
     # -- callbacks ---------------------------------------------------------------------------
+    # Events carry their exact target time: ``now + (t - now)`` can round below ``t``, and a
+    # policy must see ``now_s >= t`` when its wake-up (or an arrival) falls due.
     def _on_tick(self, event: simpy.Event) -> None:
         self._tick_pending = False
-        now_s = self.env.now
+        now_s = max(self.env.now, event.value)
         self._consult_touched(self.core.admit_until(now_s), now_s)
         self._schedule_tick()
 
@@ -97,11 +100,11 @@ class SimPyDriver:
         self._schedule_tick()
 
     def _on_wake(self, event: simpy.Event) -> None:
-        replica, token = event.value
+        replica, token, wake_s = event.value
         if token != self._wake_token[replica] or not self.core.free(replica):
             return
         self._wake_at_s[replica] = math.nan
-        now_s = self.env.now
+        now_s = max(self.env.now, wake_s)
         touched = self.core.admit_until(now_s)
         self._consult(replica, now_s)
         if touched:

@@ -377,6 +377,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any])
             except yaml.YAMLError:
                 value = raw
             items.append((key.strip(), value))
+    explicit = {key for key, _ in items}
     for key, value in items:
         parts = key.split(".")
         if not all(parts):
@@ -390,7 +391,23 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any])
                 raise ScenarioError(f"{key}: {part!r} is not a section")
             node = child
         node[parts[-1]] = value
+    _prune_switched_kinds(out, explicit)
     return out
+
+
+def _prune_switched_kinds(data: dict[str, Any], explicit: set[str]) -> None:
+    """After ``--set policy.kind=greedy``, drop the old kind's knobs that the new kind does
+    not have (knobs set explicitly are kept, so typos still get an error)."""
+    for section, union in _UNIONS.items():
+        node = data.get(section)
+        if f"{section}.kind" not in explicit or not isinstance(node, dict):
+            continue
+        model = _tags(union).get(node.get("kind"))  # type: ignore[arg-type]
+        if model is None:
+            continue
+        for key in list(node):
+            if key not in model.model_fields and f"{section}.{key}" not in explicit:
+                del node[key]
 
 
 def load_scenario(source: str | Path | dict[str, Any] | Scenario,

@@ -1,0 +1,1 @@
+"""Streamlit dashboard (see the dashboard issue); nothing here yet."""

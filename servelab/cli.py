@@ -1,0 +1,92 @@
+"""The ``servelab`` command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from calibration.profile import ProfileError, builtin_profiles
+from sim.core import InvariantError, PolicyError
+from sim.scenario import ScenarioError, builtin_scenarios
+from sim.workloads import WorkloadError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="servelab: simulate and measure model-serving policies.")
+console = Console()
+err_console = Console(stderr=True)
+
+USER_ERRORS = (ScenarioError, ProfileError, WorkloadError, ValueError, FileNotFoundError)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print a one-line error and exit non-zero (no traceback)."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def simulate(
+    scenario: Annotated[str, typer.Argument(help="Scenario YAML path or builtin:NAME.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to write.")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a field, e.g. --set policy.max_batch_size=16 (repeatable).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
+) -> None:
+    """Simulate SCENARIO and print a summary; with --out, write the run directory."""
+    import sim
+
+    try:
+        result = sim.run(scenario, overrides=set_ or None)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    except (PolicyError, InvariantError) as exc:
+        fail(f"internal check failed (please report): {exc}", code=3)
+        return
+    if out is not None:
+        result.write(out)
+    if not quiet:
+        console.print(_title(result.scenario.name, result.meta))
+        from servelab.report import summary_table
+
+        console.print(summary_table(result.summary, title=f"{result.scenario.name} (simulated)"))
+        if out is not None:
+            console.print(f"run directory: {out}")
+
+
+def _title(name: str, meta: dict[str, object]) -> str:
+    wall = meta.get("wall_s")
+    rate = meta.get("requests_per_wall_s")
+    if isinstance(wall, float) and isinstance(rate, float):
+        return f"[dim]{name}: simulated in {wall:.2f} s ({rate:,.0f} requests/s)[/]"
+    return name
+
+
+@app.command()
+def demo(out: Annotated[Path | None, typer.Option("--out", "-o")] = None) -> None:
+    """Simulate the shipped dynamic-batching demo scenario and print its summary."""
+    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False)
+
+
+@app.command()
+def scenarios() -> None:
+    """List the shipped scenarios and profiles (usable as builtin:NAME)."""
+    console.print("scenarios: " + ", ".join(f"builtin:{n}" for n in builtin_scenarios()))
+    console.print("profiles:  " + ", ".join(f"builtin:{n}" for n in builtin_profiles()))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:  # pragma: no cover - interactive
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
