@@ -62,9 +62,11 @@ def _check(name: str, value: float, *, low: float = 0.0, strict: bool = True) ->
 class OpenLoop:
     """Common bounds and request attributes of open-loop workloads."""
 
+    needs_bound = True  # a trace is finite by itself
+
     def __init__(self, duration_s: float | None = None, n_requests: int | None = None,
                  size: int = 1, priority_mix: list[float] | None = None) -> None:
-        if duration_s is None and n_requests is None:
+        if duration_s is None and n_requests is None and self.needs_bound:
             raise WorkloadError("workload.duration_s: give duration_s or n_requests")
         self.duration_s = None if duration_s is None else _check("duration_s", duration_s)
         if n_requests is not None and (int(n_requests) != n_requests or n_requests < 1):
@@ -243,7 +245,7 @@ class Sinusoid(OpenLoop):
 
 
 class Trace(OpenLoop):
-    """Replay arrivals from a CSV file.
+    """Replay arrivals from a CSV file (the whole trace unless bounded).
 
     Times come from ``timestamp_column`` (datetimes, or numbers in seconds), shifted to start
     at 0 and multiplied by ``time_scale`` (2 = twice as slow). ``rate_scale`` keeps the timing
@@ -251,6 +253,8 @@ class Trace(OpenLoop):
     each request is sent ``floor(rate_scale)`` times plus once more with the fractional
     probability. Sizes from ``size_column`` if given.
     """
+
+    needs_bound = False
 
     def __init__(self, path: str, timestamp_column: str = "TIMESTAMP", time_scale: float = 1.0,
                  rate_scale: float = 1.0, size_column: str | None = None,
@@ -262,8 +266,6 @@ class Trace(OpenLoop):
         self.size_column = size_column
         if not self.path.is_file():
             raise WorkloadError(f"workload.path: trace file {str(self.path)!r} not found")
-        if "duration_s" not in bounds and "n_requests" not in bounds:
-            bounds["duration_s"] = math.inf
         super().__init__(**bounds)  # type: ignore[arg-type]
         self._times_s, self._sizes = self._load()
 

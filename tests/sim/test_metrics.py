@@ -1,0 +1,75 @@
+"""Metrics on hand-made tables with answers worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.metrics import Window, busy_s, queue_length_stats, summarize
+
+
+def tables():
+    requests = pd.DataFrame({
+        "id": [0, 1, 2, 3, 4],
+        "arrival_s": [0.5, 1.0, 2.0, 3.0, 4.0],
+        "start_s": [0.5, 1.0, 2.5, np.nan, np.nan],
+        "finish_s": [1.0, 2.0, 3.5, 3.0, 4.1],
+        "batch_id": [0, 1, 2, -1, -1],
+        "replica": [0, 0, 0, -1, -1],
+        "status": ["ok", "ok", "ok", "rejected", "timed_out"],
+    })
+    batches = pd.DataFrame({"batch_id": [0, 1, 2], "replica": [0, 0, 0],
+                            "start_s": [0.5, 1.0, 2.5], "finish_s": [1.0, 2.0, 3.5],
+                            "size": [1, 1, 1], "items": [1, 1, 1]})
+    queue = pd.DataFrame({"time_s": [0.0, 2.0, 2.5, 3.0, 4.0], "queue": [0] * 5,
+                          "length": [0, 1, 0, 1, 0]})
+    return requests, batches, queue
+
+
+def test_summary_by_hand() -> None:
+    req, bat, q = tables()
+    s = summarize(req, bat, q, Window(warmup_s=0.9, horizon_s=4.9, replicas=1,
+                                      max_batch_size=4, slo_s=1.2,
+                                      price_per_replica_hour=3.6), "sim")
+    # window [0.9, 4.9] = 4 s; arrivals in it: ids 1..4
+    assert s["requests"] == 4 and s["ok"] == 2
+    assert s["throughput_rps"] == pytest.approx(0.5)
+    assert s["goodput_rps"] == pytest.approx(0.25)  # latencies 1.0 and 1.5; SLO 1.2 s
+    assert s["error_rate"] == pytest.approx(0.5)
+    assert s["error_rate_by_cause"] == {"rejected": 0.25, "timed_out": 0.25, "dropped": 0.0,
+                                        "failed": 0.0}
+    assert s["latency_ms"]["mean"] == pytest.approx(1250)
+    assert s["latency_ms"]["p50"] == pytest.approx(1250)
+    assert s["queue_ms"]["max"] == pytest.approx(500)
+    # busy inside [0.9, 4.9]: [0.9,1] (clipped) + [1,2] + [2.5,3.5] = 2.1 s of 4
+    assert s["utilization"] == pytest.approx(2.1 / 4)
+    assert s["mean_batch_size"] == 1 and s["batch_utilization"] == pytest.approx(0.25)
+    # queue: 1 during [2,2.5] and [3,4] -> 1.5 / 4
+    assert s["queue_len"]["mean"] == pytest.approx(0.375)
+    assert s["queue_len"]["max"] == 1
+    # 3.6 $/h = 0.001 $/s at 0.5 req/s -> 0.002 $ per request -> 2000 $ per million
+    assert s["cost_per_million_usd"] == pytest.approx(2000)
+
+
+def test_busy_time_counts_overlaps_once() -> None:
+    bat = pd.DataFrame({"replica": [0, 0, 0], "start_s": [0.0, 0.5, 3.0],
+                        "finish_s": [1.0, 2.0, np.nan]})
+    assert busy_s(bat, 0, 0.0, 4.0) == pytest.approx(2.0 + 1.0)
+
+
+def test_queue_length_total_over_two_queues_and_p95() -> None:
+    q = pd.DataFrame({"time_s": [0, 0, 1, 2, 3], "queue": [0, 1, 0, 1, 0],
+                      "length": [0, 0, 2, 1, 0]})
+    stats = queue_length_stats(q, 0.0, 4.0)
+    # total: 0 on [0,1), 2 on [1,2), 3 on [2,3), 1 on [3,4)
+    assert stats["mean"] == pytest.approx(1.5)
+    assert stats["max"] == 3 and stats["p95"] == 3
+
+
+def test_empty_window_gives_nan_not_errors() -> None:
+    req, bat, q = tables()
+    s = summarize(req.iloc[:0], bat.iloc[:0], q, Window(0, 1, 1, 1), "sim")
+    assert s["requests"] == 0 and math.isnan(s["latency_ms"]["p99"])
