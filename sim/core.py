@@ -18,11 +18,14 @@ Invariants (checked by :meth:`check_invariants`):
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from sim.queues import RequestQueue, make_queue
 from sim.records import BatchTable, QueueSeries, RequestTable
@@ -41,6 +44,8 @@ from sim.types import (
 from sim.workloads import ThinkSampler
 
 REASON_QUEUE_FULL = "queue_full"
+_NONE: set[int] = set()
+_SHARED = {0}
 REASON_TIMEOUT = "queue_timeout"
 
 
@@ -182,6 +187,13 @@ class ServingCore:
         self.replicas_of = [[r for r in range(self.n_replicas) if self.queue_of[r] == q]
                             for q in range(n_queues)]
         self.running = [0] * self.n_replicas
+        self._max_running = [p.max_concurrent_batches for p in self.policies]
+        self._free_replicas = self.n_replicas  # replicas with running < max (kept exact)
+        self._closed = isinstance(source, ClientSource)
+        self._bulk = router is None and max_len is None and timeout_s is None and not self._closed
+        if self._bulk:
+            sizes = np.frombuffer(table.size, dtype=np.int64)
+            self._cum_items = np.concatenate(([0], np.cumsum(sizes)))
         self.running_batches: list[dict[int, Batch]] = [{} for _ in range(self.n_replicas)]
         self.batches = BatchTable()
         self.queue_series = QueueSeries()
@@ -196,12 +208,11 @@ class ServingCore:
     # -- state queries -----------------------------------------------------------------------
     def free(self, replica: int) -> bool:
         """Whether the replica may start another batch."""
-        return self.running[replica] < self.policies[replica].max_concurrent_batches
+        return self.running[replica] < self._max_running[replica]
 
     def any_free(self) -> bool:
         """Whether some replica may start a batch."""
-        return any(self.running[r] < p.max_concurrent_batches
-                   for r, p in enumerate(self.policies))
+        return self._free_replicas > 0
 
     def next_arrival_s(self) -> float:
         """Time of the next arrival not yet admitted (inf when none)."""
@@ -232,6 +243,8 @@ class ServingCore:
         """
         touched: set[int] = set()
         source, timeout_s = self.source, self.timeout_s
+        if self._bulk:
+            return self._admit_bulk(now_s)
         while True:
             arrival_s = source.peek_s()
             if timeout_s is not None and self._expiry:
@@ -239,6 +252,28 @@ class ServingCore:
             if arrival_s > now_s:
                 return touched
             self._admit(source.pop(), arrival_s, touched)
+
+    def _admit_bulk(self, now_s: float) -> set[int]:
+        """Open loop, one shared queue, no admission limits: admit a run of arrivals at once
+        (same records as one by one)."""
+        source = self.source
+        assert isinstance(source, ScheduleSource)
+        first = source.next_id
+        if first >= source.n or self.table.arrival_s[first] > now_s:
+            return _NONE
+        queue = self.queues[0]
+        arrival = self.table.arrival_s
+        if first + 1 >= source.n or arrival[first + 1] > now_s:  # the common case: one arrival
+            source.next_id = first + 1
+            queue.push(first)
+            self.queue_series.record(arrival[first], 0, queue.length)
+            return _SHARED
+        last = bisect.bisect_right(arrival, now_s, first, source.n)
+        source.next_id = last
+        before = queue.length
+        queue.extend(range(first, last), int(self._cum_items[last] - self._cum_items[first]))
+        self.queue_series.record_run(arrival[first:last], 0, before + 1)
+        return _SHARED
 
     def _admit(self, rid: int, arrival_s: float, touched: set[int]) -> None:
         table = self.table
@@ -319,32 +354,33 @@ class ServingCore:
 
     def _dispatch(self, replica: int, policy: Policy, queue: RequestQueue,
                   ids: tuple[int, ...], now_s: float) -> Batch:
-        if len(ids) > policy.max_batch_size:
-            raise PolicyError(f"{policy!r} dispatched {len(ids)} requests, above its "
+        n = len(ids)
+        if n > policy.max_batch_size:
+            raise PolicyError(f"{policy!r} dispatched {n} requests, above its "
                               f"max_batch_size {policy.max_batch_size}")
         table = self.table
-        status, size = table.status, table.size
+        status, size, start, batch_id, where = (table.status, table.size, table.start_s,
+                                                table.batch_id, table.replica)
+        routed = self.router is not None
+        bid = len(self.batches.start_s)
         items = 0
         for rid in ids:
-            if status[rid] != QUEUED:
+            if status[rid] != QUEUED or (routed and where[rid] != queue.index):
                 self._check_queued(policy, queue, rid)
-            items += size[rid]
-        if self.router is not None:
-            for rid in ids:
-                self._check_queued(policy, queue, rid)
-        bid = self.batches.open(replica, now_s, len(ids), items)
-        start, batch_id, where = table.start_s, table.batch_id, table.replica
-        for rid in ids:
+                raise PolicyError(f"{policy!r} dispatched request {rid} twice in {ids}")
             status[rid] = RUNNING
+            items += size[rid]
             start[rid] = now_s
             batch_id[rid] = bid
             where[rid] = replica
-        if len(set(ids)) != len(ids):
-            raise PolicyError(f"{policy!r} dispatched a request twice: {ids}")
-        queue.length -= len(ids)
+        self.batches.open(replica, now_s, n, items)
+        queue.length -= n
         queue.items -= items
         self.queue_series.record(now_s, queue.index, queue.length)
-        self.running[replica] += 1
+        running = self.running[replica] + 1
+        self.running[replica] = running
+        if running == self._max_running[replica]:
+            self._free_replicas -= 1
         batch = Batch(bid, replica, ids, items, now_s,
                       self.estimate_s(items) if self._needs_work else 0.0)
         self.running_batches[replica][bid] = batch
@@ -354,18 +390,26 @@ class ServingCore:
                error: str | None = None) -> None:
         """Record a finished batch (``error``: it failed, with this reason)."""
         table = self.table
-        status_code = OK if error is None else FAILED
-        status, finish, on_done = table.status, table.finish_s, self.source.on_done
-        for rid in batch.request_ids:
-            status[rid] = status_code
-            finish[rid] = now_s
-            if error is not None:
+        status, finish = table.status, table.finish_s
+        if error is None:
+            for rid in batch.request_ids:
+                status[rid] = OK
+                finish[rid] = now_s
+        else:
+            for rid in batch.request_ids:
+                status[rid] = FAILED
+                finish[rid] = now_s
                 table.reasons[rid] = error
-            on_done(rid, now_s)
+        if self._closed:
+            for rid in batch.request_ids:
+                self.source.on_done(rid, now_s)
         self.batches.close(batch.id, now_s, error is not None)
-        self.running[batch.replica] -= 1
-        del self.running_batches[batch.replica][batch.id]
-        self.policies[batch.replica].on_batch_done(now_s, len(batch.request_ids), service_s)
+        replica = batch.replica
+        if self.running[replica] == self._max_running[replica]:
+            self._free_replicas += 1
+        self.running[replica] -= 1
+        del self.running_batches[replica][batch.id]
+        self.policies[replica].on_batch_done(now_s, len(batch.request_ids), service_s)
 
     # -- invariants --------------------------------------------------------------------------
     def check_invariants(self) -> dict[str, int]:

@@ -37,6 +37,13 @@ class RequestQueue:
         self.length += 1
         self.items += self.table.size[request_id]
 
+    def extend(self, request_ids: range, items: int) -> None:
+        """Enqueue a run of consecutive requests carrying ``items`` items in total."""
+        for rid in request_ids:
+            self._push(rid)
+        self.length += len(request_ids)
+        self.items += items
+
     def forget(self, request_id: int) -> None:
         """Account for a request that left (its status is already changed)."""
         self.length -= 1
@@ -76,6 +83,12 @@ class FifoQueue(RequestQueue):
 
     def _push(self, request_id: int) -> None:
         self._ids.append(request_id)
+
+    def extend(self, request_ids: range, items: int) -> None:
+        """Enqueue a run of consecutive requests (one deque call)."""
+        self._ids.extend(request_ids)
+        self.length += len(request_ids)
+        self.items += items
 
     def iter_ids(self) -> Iterator[int]:
         """Queued ids, oldest first."""

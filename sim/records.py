@@ -167,6 +167,13 @@ class QueueSeries:
         self.queue.append(queue)
         self.length.append(length)
 
+    def record_run(self, times_s: array, queue: int, first_length: int) -> None:  # type: ignore[type-arg]
+        """Append consecutive arrivals: lengths ``first_length, first_length + 1, ...``."""
+        n = len(times_s)
+        self.time_s.extend(times_s)
+        self.queue.extend(array("h", [queue]) * n)
+        self.length.extend(range(first_length, first_length + n))
+
     def to_frame(self) -> pd.DataFrame:
         """The queue table."""
         return pd.DataFrame({
