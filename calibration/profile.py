@@ -84,7 +84,8 @@ class LatencyProfile:
     @property
     def name(self) -> str:
         """A short label: model name and device kind."""
-        return f"{self.model.get('name', 'model')}@{self.device.get('name', self.device.get('kind', '?'))}"
+        device = self.device.get("name", self.device.get("kind", "?"))
+        return f"{self.model.get('name', 'model')}@{device}"
 
     def median_s(self, batch_size: float) -> float:
         """Median service time of one batch of ``batch_size`` items, in seconds."""
@@ -158,7 +159,8 @@ class LatencyProfile:
             "device": self.device,
             **self.meta,
             "batch_sizes": self.batch_sizes,
-            "samples_s": {str(b): [round(float(x), 9) for x in s] for b, s in self.samples_s.items()},
+            "samples_s": {str(b): [round(float(x), 9) for x in s]
+                          for b, s in self.samples_s.items()},
         }
 
     def save(self, path: str | Path) -> Path:
@@ -193,7 +195,7 @@ class LatencyProfile:
             samples[size] = np.asarray(values, dtype=float)
         listed = data.get("batch_sizes")
         if listed is not None and sorted(int(b) for b in listed) != sorted(samples):
-            missing = sorted(set(int(b) for b in listed) - set(samples))
+            missing = sorted({int(b) for b in listed} - set(samples))
             raise ProfileError(f"{source}: batch_sizes {missing} listed but have no samples_s")
         meta = {k: v for k, v in data.items()
                 if k not in {"schema_version", "model", "device", "batch_sizes", "samples_s"}}

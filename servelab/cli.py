@@ -33,7 +33,8 @@ def simulate(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML path or builtin:NAME.")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to write.")] = None,
     set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="Override a field, e.g. --set policy.max_batch_size=16 (repeatable).")] = None,
+        "--set", help="Override a field, e.g. --set policy.max_batch_size=16 (repeatable)."),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
 ) -> None:
     """Simulate SCENARIO and print a summary; with --out, write the run directory."""

@@ -255,7 +255,8 @@ class ServingCore:
 
     def _admit_bulk(self, now_s: float) -> set[int]:
         """Open loop, one shared queue, no admission limits: admit a run of arrivals at once
-        (same records as one by one)."""
+        (same records as one by one).
+        """
         source = self.source
         assert isinstance(source, ScheduleSource)
         first = source.next_id

@@ -14,6 +14,7 @@ free, a replica becoming free, and a wake-up falling due.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import simpy
 
@@ -83,13 +84,13 @@ class SimPyDriver:
     # policy must see ``now_s >= t`` when its wake-up (or an arrival) falls due.
     def _on_tick(self, event: simpy.Event) -> None:
         self._tick_pending = False
-        now_s = max(self.env.now, event.value)
+        now_s = max(self.env.now, cast(float, event.value))
         self._consult_touched(self.core.admit_until(now_s), now_s)
         self._schedule_tick()
 
     def _on_done(self, event: simpy.Event) -> None:
         batch: Batch
-        batch, service_s = event.value
+        batch, service_s = cast(tuple[Batch, float], event.value)
         now_s = self.env.now
         core = self.core
         core.finish(batch, now_s, service_s)
@@ -100,7 +101,7 @@ class SimPyDriver:
         self._schedule_tick()
 
     def _on_wake(self, event: simpy.Event) -> None:
-        replica, token, wake_s = event.value
+        replica, token, wake_s = cast(tuple[int, int, float], event.value)
         if token != self._wake_token[replica] or not self.core.free(replica):
             return
         self._wake_at_s[replica] = math.nan

@@ -58,7 +58,7 @@ class Window:
 
 def _stats_ms(values_s: np.ndarray) -> dict[str, float]:
     if values_s.size == 0:
-        return {k: math.nan for k in ("mean", *PERCENTILES, "max")}
+        return dict.fromkeys(("mean", *PERCENTILES, "max"), math.nan)
     ms = values_s * 1e3
     q = np.percentile(ms, list(PERCENTILES.values()))
     out = {"mean": float(ms.mean())}
@@ -69,7 +69,8 @@ def _stats_ms(values_s: np.ndarray) -> dict[str, float]:
 
 def busy_s(batches: pd.DataFrame, replica: int, lo_s: float, hi_s: float) -> float:
     """Seconds replica ``replica`` was busy inside [lo, hi] (union of its batch intervals;
-    batches still running count up to ``hi_s``)."""
+    batches still running count up to ``hi_s``).
+    """
     group = batches[batches["replica"] == replica]
     if group.empty:
         return 0.0
@@ -146,7 +147,7 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
         "batches": len(bwin),
         "mean_batch_size": mean_batch,
         "mean_batch_items": float(bwin["items"].mean()) if len(bwin) else math.nan,
-        "batch_size_hist": {str(int(k)): int(v) for k, v in hist.items()},
+        "batch_size_hist": {str(k): int(v) for k, v in hist.items()},
         "batch_utilization": mean_batch / window.max_batch_size if len(bwin) else math.nan,
         "utilization": float(util.mean()) if util.size else math.nan,
         "utilization_per_replica": [float(u) for u in util],

@@ -211,15 +211,15 @@ class QueueViewImpl:
 
     def arrival_s(self, request_id: int) -> float:
         """Arrival time of a request."""
-        return self._q.table.arrival_s[request_id]
+        return float(self._q.table.arrival_s[request_id])
 
     def size(self, request_id: int) -> int:
         """Items of a request."""
-        return self._q.table.size[request_id]
+        return int(self._q.table.size[request_id])
 
     def deadline_s(self, request_id: int) -> float:
         """Absolute deadline of a request."""
-        return self._q.table.deadline_s[request_id]
+        return float(self._q.table.deadline_s[request_id])
 
     def requests(self, k: int | None = None) -> list[Request]:
         """First ``k`` queued requests as objects."""

@@ -69,7 +69,7 @@ class RequestTable:
         """Requests per status name over the first ``upto`` ids (all when None)."""
         codes = np.frombuffer(self.status, dtype=np.int8)[: self.n if upto is None else upto]
         counts = np.bincount(codes, minlength=7)
-        out: dict[str, int] = {name: 0 for name in STATUS_NAMES.values()}
+        out: dict[str, int] = dict.fromkeys(STATUS_NAMES.values(), 0)
         for code, name in STATUS_NAMES.items():
             out[name] += int(counts[code])
         return out

@@ -79,7 +79,8 @@ def _outstanding(load: ReplicaLoad) -> int:
 
 class JoinShortestQueue:
     """The replica with the fewest outstanding requests (queued + running batches);
-    ties go to the lowest index."""
+    ties go to the lowest index.
+    """
 
     def __repr__(self) -> str:
         return "JoinShortestQueue()"

@@ -235,10 +235,10 @@ class Scenario(_Strict):
 
     name: str = "scenario"
     seed: int = Field(0, ge=0)
-    service: ServiceCfg = ProfileServiceCfg()
+    service: ServiceCfg = Field(default_factory=ProfileServiceCfg)
     workload: WorkloadCfg
     policy: PolicyCfg
-    queue: QueueCfg = QueueCfg()
+    queue: QueueCfg = Field(default_factory=QueueCfg)
     replicas: int = Field(1, ge=1, le=4096)
     routing: Literal["shared", "round_robin", "random", "jsq", "p2c", "least_work"] = "shared"
     warmup_s: float = Field(0.0, ge=0)
@@ -397,7 +397,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any])
 
 def _prune_switched_kinds(data: dict[str, Any], explicit: set[str]) -> None:
     """After ``--set policy.kind=greedy``, drop the old kind's knobs that the new kind does
-    not have (knobs set explicitly are kept, so typos still get an error)."""
+    not have (knobs set explicitly are kept, so typos still get an error).
+    """
     for section, union in _UNIONS.items():
         node = data.get(section)
         if f"{section}.kind" not in explicit or not isinstance(node, dict):

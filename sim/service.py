@@ -90,7 +90,8 @@ class ConstantService:
 
 class GammaService:
     """Gamma-distributed batch time with mean ``mean_ms`` and coefficient of variation ``cv``
-    (``cv = 1`` is exponential: M/M/c queues)."""
+    (``cv = 1`` is exponential: M/M/c queues).
+    """
 
     def __init__(self, mean_ms: float, cv: float = 1.0, rng: np.random.Generator | None = None,
                  deterministic: bool = False) -> None:

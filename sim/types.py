@@ -159,7 +159,9 @@ class Policy(Protocol):
 class ServiceEstimate(Protocol):
     """A latency model a policy may consult: seconds for a batch of ``items`` items."""
 
-    def __call__(self, items: int) -> float: ...
+    def __call__(self, items: int) -> float:
+        """Estimated service time in seconds."""
+        ...
 
 
 def take_prefix(queue: QueueView, k: int) -> tuple[int, ...]:

@@ -154,7 +154,8 @@ class Constant(OpenLoop):
 
 class GammaArrivals(OpenLoop):
     """Renewal arrivals with gamma gaps: mean rate ``rate_rps``, burstiness ``cv``
-    (coefficient of variation of the gaps; 1 is Poisson, above 1 is bursty)."""
+    (coefficient of variation of the gaps; 1 is Poisson, above 1 is bursty).
+    """
 
     def __init__(self, rate_rps: float, cv: float = 1.0, **bounds: object) -> None:
         self.rate_rps = _check("rate_rps", rate_rps)
@@ -173,7 +174,8 @@ class GammaArrivals(OpenLoop):
 class Mmpp(OpenLoop):
     """Markov-modulated Poisson process: state ``i`` emits at ``rates_rps[i]`` for an
     exponential dwell of mean ``mean_dwell_s[i]``, then moves to state ``(i + 1) mod k``
-    (two states: on/off bursts)."""
+    (two states: on/off bursts).
+    """
 
     def __init__(self, rates_rps: list[float], mean_dwell_s: list[float] | float,
                  **bounds: object) -> None:
@@ -216,7 +218,8 @@ class Mmpp(OpenLoop):
 
 class Sinusoid(OpenLoop):
     """Poisson arrivals with rate ``rate_rps * (1 + amplitude * sin(2 pi t / period_s))``
-    (``amplitude`` is relative, in [0, 1]); drawn by thinning."""
+    (``amplitude`` is relative, in [0, 1]); drawn by thinning.
+    """
 
     def __init__(self, rate_rps: float, amplitude: float = 0.5, period_s: float = 60.0,
                  **bounds: object) -> None:
@@ -280,8 +283,9 @@ class Trace(OpenLoop):
             raise WorkloadError(f"workload.path: {str(self.path)!r} is not a readable CSV "
                                 f"({str(exc).splitlines()[0]})") from None
         if self.timestamp_column not in frame.columns:
+            columns = ", ".join(map(str, frame.columns))
             raise WorkloadError(f"workload.timestamp_column: {self.timestamp_column!r} not in "
-                                f"{str(self.path)!r}; columns: {', '.join(map(str, frame.columns))}")
+                                f"{str(self.path)!r}; columns: {columns}")
         if frame.empty:
             raise WorkloadError(f"workload.path: {str(self.path)!r} has no rows")
         raw = frame[self.timestamp_column]
@@ -362,6 +366,7 @@ class ThinkSampler:
         self.mean_s, self.cv, self.rng = mean_s, cv, rng
 
     def __call__(self) -> float:
+        """One think time in seconds."""
         if self.mean_s == 0 or self.cv == 0:
             return self.mean_s
         shape = 1.0 / self.cv**2

@@ -15,7 +15,8 @@ from sim.types import WAIT, Decision, QueueView, ReplicaView
 
 class AimdBatching:
     """Greedy dispatch up to an adaptive cap, tuned by additive increase / multiplicative
-    decrease against ``slo_ms`` (the batch service-time objective)."""
+    decrease against ``slo_ms`` (the batch service-time objective).
+    """
 
     def __init__(self, slo_ms: float = 50.0, max_batch_size: int = 64, initial_batch_size: int = 1,
                  additive_step: int = 1, backoff: float = 0.9,

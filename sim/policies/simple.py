@@ -60,7 +60,8 @@ class Greedy:
 
 class FixedBatch:
     """Wait for exactly ``batch_size`` requests; optionally flush a partial batch after
-    ``timeout_ms`` counted from the oldest queued request's arrival."""
+    ``timeout_ms`` counted from the oldest queued request's arrival.
+    """
 
     def __init__(self, batch_size: int = 8, timeout_ms: float | None = None,
                  max_concurrent_batches: int = 1) -> None:

@@ -48,8 +48,8 @@ def within(estimates: np.ndarray, expected: float, max_rel_se: float) -> None:
     mean = float(estimates.mean())
     se = float(estimates.std(ddof=1) / math.sqrt(estimates.size))
     assert se < max_rel_se * expected, f"too noisy to test: se={se:.4g} for {expected:.4g}"
-    assert abs(mean - expected) < 4 * se, (
-        f"mean {mean:.4g} vs theory {expected:.4g} (se {se:.3g}, {abs(mean - expected) / se:.1f} se)")
+    z = abs(mean - expected) / se
+    assert z < 4, f"mean {mean:.4g} vs theory {expected:.4g} (se {se:.3g}, {z:.1f} se)"
 
 
 CASES = [

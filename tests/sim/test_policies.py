@@ -113,7 +113,7 @@ def test_dynamic_first_timer_starts_when_the_batcher_takes_the_first_request() -
 def test_dynamic_dispatches_a_full_batch_at_once() -> None:
     fq = FakeQueue([0.0] * 10)
     log = replay(DynamicBatching(max_batch_size=4, max_wait_ms=50), fq, [0.0, 0.0, 0.0])
-    assert [d.dispatch for _, d in log] == [(0, 1, 2, 3), (4, 5, 6, 7)] + [()]
+    assert [d.dispatch for _, d in log] == [(0, 1, 2, 3), (4, 5, 6, 7), ()]
     assert log[2][1].wake_at_s == pytest.approx(0.05)
 
 

@@ -1,0 +1,1 @@
+"""Runnable benchmarks; results under benchmarks/results/."""
