@@ -19,7 +19,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 err_console = Console(stderr=True)
 
-USER_ERRORS = (ScenarioError, ProfileError, WorkloadError, ValueError, FileNotFoundError)
+USER_ERRORS = (ScenarioError, ProfileError, WorkloadError, ValueError, OSError,
+               ImportError)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -78,6 +79,67 @@ def scenarios() -> None:
     """List the shipped scenarios and profiles (usable as builtin:NAME)."""
     console.print("scenarios: " + ", ".join(f"builtin:{n}" for n in builtin_scenarios()))
     console.print("profiles:  " + ", ".join(f"builtin:{n}" for n in builtin_profiles()))
+
+
+@app.command()
+def calibrate(
+    model: Annotated[str, typer.Option(help="minilm | mlp | cnn | module.path:factory")] = "minilm",
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (fp16 needs CUDA)")] = "fp32",
+    threads: Annotated[int | None, typer.Option(
+        help="CPU threads for torch (default: torch's choice). Calibrate with the thread "
+             "count the live executor will use.")] = None,
+    batch_sizes: Annotated[str, typer.Option(
+        help="1-64 (dense to 16, then powers of two), 1-64:8, or 1,2,4,8")] = "1-64",
+    reps: Annotated[int, typer.Option(help="Timed runs per batch size.")] = 30,
+    warmup: Annotated[int, typer.Option(help="Untimed runs per batch size first.")] = 3,
+    seed: Annotated[int, typer.Option(help="Seeds payloads and the shuffled order.")] = 0,
+    compile_: Annotated[bool, typer.Option("--compile", help="torch.compile the model.")] = False,
+    param: Annotated[list[str] | None, typer.Option(
+        help="Runner parameter KEY=VALUE, e.g. --param width=512 (repeatable).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")] = Path(
+        "profiles/profile.json"),
+) -> None:
+    """Measure a model's batched latency curve; write the profile JSON and an HTML report."""
+    from calibration.commands import run_calibration
+
+    try:
+        run_calibration(model=model, device=device, dtype=dtype, threads=threads,
+                        batch_sizes=batch_sizes, reps=reps, warmup=warmup, seed=seed,
+                        compile=compile_, params=param or [], out=out, console=console)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+
+
+profile_app = typer.Typer(no_args_is_help=True, help="Inspect latency profiles.")
+app.add_typer(profile_app, name="profile")
+
+
+@profile_app.command("show")
+def profile_show(file: Annotated[str, typer.Argument(help="Profile JSON or builtin:NAME.")]
+                 ) -> None:
+    """Print a profile's metadata and per-batch-size table."""
+    from calibration.commands import show_profile
+
+    try:
+        show_profile(file, console)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+
+
+@profile_app.command("compare")
+def profile_compare(
+    a: Annotated[str, typer.Argument(help="First profile (path or builtin:NAME).")],
+    b: Annotated[str, typer.Argument(help="Second profile.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="HTML overlay to write.")] = None,
+) -> None:
+    """Compare two profiles side by side (median ratio per batch size); optional HTML overlay."""
+    from calibration.commands import compare_profiles
+
+    try:
+        compare_profiles(a, b, out, console)
+    except USER_ERRORS as exc:
+        fail(str(exc))
 
 
 def main() -> None:

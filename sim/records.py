@@ -81,12 +81,16 @@ class RequestTable:
         def col(a: array, code: str) -> np.ndarray:  # type: ignore[type-arg]
             return np.frombuffer(a, dtype=np.dtype(code))[:n].copy()
 
-        status_codes = col(self.status, "b")
-        names = np.array([STATUS_NAMES[i] for i in range(7)], dtype=object)
-        reason = np.full(n, "", dtype=object)
+        # categorical columns: one byte per request instead of a Python string each
+        status_cat = np.array([0, 1, 2, 3, 4, 5, 0], dtype=np.int8)  # code -> category index
+        categories = ["in_flight", "ok", "rejected", "timed_out", "dropped", "failed"]
+        status = pd.Categorical.from_codes(status_cat[col(self.status, "b")], categories)
+        reason_names = sorted(set(self.reasons.values()))
+        reason_codes = np.zeros(n, dtype=np.int16)
+        lookup = {name: i + 1 for i, name in enumerate(reason_names)}
         for rid, text in self.reasons.items():
             if rid < n:
-                reason[rid] = text
+                reason_codes[rid] = lookup[text]
         frame = pd.DataFrame({
             "id": np.arange(n, dtype=np.int64),
             "arrival_s": col(self.arrival_s, "d"),
@@ -94,10 +98,8 @@ class RequestTable:
             "finish_s": col(self.finish_s, "d"),
             "batch_id": col(self.batch_id, "q"),
             "replica": col(self.replica, "h").astype(np.int32),
-            "status": pd.Categorical(names[status_codes],
-                                     categories=["ok", "rejected", "timed_out", "dropped",
-                                                 "failed", "in_flight"]),
-            "reason": reason.astype(str),
+            "status": status,
+            "reason": pd.Categorical.from_codes(reason_codes, ["", *reason_names]),
             "size": col(self.size, "l").astype(np.int64),
             "priority": col(self.priority, "b").astype(np.int16),
             "deadline_s": col(self.deadline_s, "d"),
