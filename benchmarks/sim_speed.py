@@ -69,7 +69,8 @@ _HWM = ("def hwm():\n"
 
 def peak_memory_mb(n: int) -> dict:
     """Run case (a) with n requests in a fresh process; report its peak RSS (VmHWM, which,
-    unlike ru_maxrss, is not inherited from the parent across fork and exec)."""
+    unlike ru_maxrss, is not inherited from the parent across fork and exec).
+    """
     code = (_HWM + "import json,sys;sys.path.insert(0,'.')\n"
             "from benchmarks.sim_speed import run_sim, MM1\n"
             f"r=run_sim(MM1,{n})\n"

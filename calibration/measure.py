@@ -74,6 +74,8 @@ def parse_batch_sizes(spec: str) -> list[int]:
             sizes.add(hi)
         else:
             sizes.add(lo)
+    if not sizes:
+        raise CalibrationError(f"--batch-sizes {spec!r}: no sizes given; use e.g. 1-64")
     return sorted(sizes)
 
 

@@ -32,7 +32,7 @@ class RunnerError(ValueError):
     """A runner cannot be built as asked (unknown model, bad device or dtype, ...)."""
 
 
-class InfeasibleBatch(RuntimeError):
+class InfeasibleBatch(RuntimeError):  # noqa: N818 - a condition, not a crash
     """The batch does not fit on the device (out of memory)."""
 
 
@@ -176,7 +176,8 @@ class _TorchRunner:
         self.threads = set_threads(threads)
         self.compile = compile
         self._torch = torch
-        self.params: dict[str, Any] = {}
+        self.params: dict[str, Any] = {}  # constructor keyword arguments (rebuild the model)
+        self.info: dict[str, Any] = {}  # descriptive facts that are not arguments
 
     def _finish_model(self, model: Any) -> Any:
         model = model.to(self.device, self.torch_dtype).eval()
@@ -190,7 +191,7 @@ class _TorchRunner:
                 out = fn()
             synchronize(self.device)
             return out
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except Exception as exc:
             if is_oom(exc):
                 free_memory(self.device)
                 raise InfeasibleBatch(str(exc).splitlines()[0]) from None
@@ -198,7 +199,8 @@ class _TorchRunner:
 
     def describe(self) -> dict[str, Any]:
         """Name, parameters and environment."""
-        return {"model": {"name": self.name, **self.params, "compile": self.compile},
+        return {"model": {"name": self.name, "params": dict(self.params),
+                          "compile": self.compile, **self.info},
                 **environment(self.device, self.dtype)}
 
 
@@ -230,8 +232,8 @@ class MiniLMRunner(_TorchRunner):
         self.model = self._finish_model(AutoModel.from_pretrained(path, local_files_only=True))
         self.max_length = max_length
         self.corpus = load_corpus()
-        self.params = {"weights": "sentence-transformers/all-MiniLM-L6-v2",
-                       "max_length": max_length}
+        self.params = {"max_length": max_length}
+        self.info = {"weights": "sentence-transformers/all-MiniLM-L6-v2"}
 
     def payloads(self, n: int, rng: np.random.Generator) -> list[Any]:
         """``n`` sentences drawn from the bundled corpus."""
@@ -340,7 +342,8 @@ class CNNRunner(_TorchRunner):
         widths = [width, width * 2, width * 4, width * 8]
         self.model = self._finish_model(_resnet(torch, widths, classes))
         self.image_size = image_size
-        self.params = {"widths": widths, "image_size": image_size, "classes": classes}
+        self.params = {"width": width, "image_size": image_size, "classes": classes}
+        self.info = {"widths": widths}
 
     def payloads(self, n: int, rng: np.random.Generator) -> list[Any]:
         """``n`` random 8-bit RGB images (3 x H x W)."""
@@ -359,7 +362,7 @@ class CNNRunner(_TorchRunner):
         return self._forward(forward)
 
 
-RUNNERS: dict[str, type[_TorchRunner]] = {
+RUNNERS: dict[str, Callable[..., ModelRunner]] = {
     "minilm": MiniLMRunner,
     "mlp": MLPRunner,
     "cnn": CNNRunner,

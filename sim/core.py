@@ -104,6 +104,10 @@ class ScheduleSource:
     def on_done(self, request_id: int, time_s: float) -> None:
         """Open loop: answers do not create arrivals."""
 
+    def close(self) -> None:
+        """No further arrivals (a stopped live run)."""
+        self.n = self.next_id
+
 
 class ClientSource:
     """Closed-loop arrivals: each client sends again one think time after its answer."""
@@ -148,6 +152,11 @@ class ClientSource:
     def on_done(self, request_id: int, time_s: float) -> None:
         """The client got its answer (or error): think, then send again."""
         self._arm(self.table.client[request_id], time_s)
+
+    def close(self) -> None:
+        """No further sends (a stopped live run)."""
+        self._heap.clear()
+        self.duration_s = -math.inf
 
 
 Source = ScheduleSource | ClientSource
@@ -389,20 +398,24 @@ class ServingCore:
 
     def finish(self, batch: Batch, now_s: float, service_s: float,
                error: str | None = None) -> None:
-        """Record a finished batch (``error``: it failed, with this reason)."""
+        """Record a finished batch (``error``: it failed, with this reason) and free its slot.
+
+        Requests already failed while it ran (see :meth:`fail_running`) keep their outcome.
+        """
         table = self.table
         status, finish = table.status, table.finish_s
-        if error is None:
-            for rid in batch.request_ids:
-                status[rid] = OK
+        outcome = OK if error is None else FAILED
+        ended = []
+        for rid in batch.request_ids:
+            if status[rid] == RUNNING:
+                status[rid] = outcome
                 finish[rid] = now_s
-        else:
-            for rid in batch.request_ids:
-                status[rid] = FAILED
-                finish[rid] = now_s
+                ended.append(rid)
+        if error is not None:
+            for rid in ended:
                 table.reasons[rid] = error
         if self._closed:
-            for rid in batch.request_ids:
+            for rid in ended:
                 self.source.on_done(rid, now_s)
         self.batches.close(batch.id, now_s, error is not None)
         replica = batch.replica
@@ -411,6 +424,15 @@ class ServingCore:
         self.running[replica] -= 1
         del self.running_batches[replica][batch.id]
         self.policies[replica].on_batch_done(now_s, len(batch.request_ids), service_s)
+
+    def fail_running(self, batch: Batch, time_s: float, reason: str) -> None:
+        """Fail a running batch's requests now (e.g. a batch timeout); the replica stays busy
+        until :meth:`finish` is called for the batch.
+        """
+        status = self.table.status
+        for rid in batch.request_ids:
+            if status[rid] == RUNNING:
+                self._terminate(rid, FAILED, time_s, reason)
 
     # -- invariants --------------------------------------------------------------------------
     def check_invariants(self) -> dict[str, int]:
@@ -422,7 +444,9 @@ class ServingCore:
         admitted = self.source.admitted
         counts = self.table.status_counts(admitted)
         queued = sum(q.length for q in self.queues)
-        running = sum(len(b.request_ids) for rb in self.running_batches for b in rb.values())
+        status = self.table.status
+        running = sum(1 for rb in self.running_batches for b in rb.values()
+                      for rid in b.request_ids if status[rid] == RUNNING)
         if counts["in_flight"] != queued + running:
             raise InvariantError(f"in-flight requests {counts['in_flight']} != queued {queued} "
                                  f"+ running {running}")

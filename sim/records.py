@@ -84,7 +84,8 @@ class RequestTable:
         # categorical columns: one byte per request instead of a Python string each
         status_cat = np.array([0, 1, 2, 3, 4, 5, 0], dtype=np.int8)  # code -> category index
         categories = ["in_flight", "ok", "rejected", "timed_out", "dropped", "failed"]
-        status = pd.Categorical.from_codes(status_cat[col(self.status, "b")], categories)
+        status = pd.Categorical.from_codes(status_cat[col(self.status, "b")],
+                                           pd.Index(categories))
         reason_names = sorted(set(self.reasons.values()))
         reason_codes = np.zeros(n, dtype=np.int16)
         lookup = {name: i + 1 for i, name in enumerate(reason_names)}
@@ -99,7 +100,7 @@ class RequestTable:
             "batch_id": col(self.batch_id, "q"),
             "replica": col(self.replica, "h").astype(np.int32),
             "status": status,
-            "reason": pd.Categorical.from_codes(reason_codes, ["", *reason_names]),
+            "reason": pd.Categorical.from_codes(reason_codes, pd.Index(["", *reason_names])),
             "size": col(self.size, "l").astype(np.int64),
             "priority": col(self.priority, "b").astype(np.int16),
             "deadline_s": col(self.deadline_s, "d"),

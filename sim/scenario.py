@@ -33,7 +33,7 @@ class ProfileServiceCfg(_Strict):
     """Bootstrap from a measured latency profile."""
 
     kind: Literal["profile"] = "profile"
-    path: str = "builtin:synthetic-demo"
+    path: str = "builtin:minilm-cpu"
     deterministic: bool = False
     extrapolate: bool = False
 
@@ -230,6 +230,16 @@ class QueueCfg(_Strict):
     timeout_ms: float | None = Field(None, gt=0)
 
 
+class ModelCfg(_Strict):
+    """What the live executor runs (default: the model recorded in the profile)."""
+
+    name: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    device: str | None = None
+    dtype: Literal["fp32", "fp16", "bf16"] | None = None
+    threads: int | None = Field(None, ge=1)
+
+
 class Scenario(_Strict):
     """One experiment: where service times come from, arrivals, policy, queue, replicas."""
 
@@ -244,6 +254,7 @@ class Scenario(_Strict):
     warmup_s: float = Field(0.0, ge=0)
     slo_ms: float | None = Field(None, gt=0)
     price_per_replica_hour: float = Field(0.0, ge=0)
+    model: ModelCfg | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Scenario:

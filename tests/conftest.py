@@ -28,3 +28,19 @@ def scenario(**overrides: Any) -> dict[str, Any]:
 @pytest.fixture
 def small_scenario() -> dict[str, Any]:
     return scenario()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` when no CUDA device is present."""
+    try:
+        import torch
+
+        has_cuda = bool(torch.cuda.is_available())
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
