@@ -179,6 +179,11 @@ class _TorchRunner:
         self.params: dict[str, Any] = {}  # constructor keyword arguments (rebuild the model)
         self.info: dict[str, Any] = {}  # descriptive facts that are not arguments
 
+    def prepare_thread(self) -> None:
+        """Call on a thread that will run batches: torch's intra-op thread count is a
+        per-thread OpenMP setting, so a new worker thread would otherwise use all cores."""
+        self._torch.set_num_threads(self.threads)
+
     def _finish_model(self, model: Any) -> Any:
         model = model.to(self.device, self.torch_dtype).eval()
         if self.compile:

@@ -85,6 +85,9 @@ class _Worker(threading.Thread):
         self.health = health
 
     def run(self) -> None:
+        prepare = getattr(self.runner, "prepare_thread", None)
+        if prepare is not None:
+            prepare()
         while True:
             batch = self.jobs.get()
             if batch is None:

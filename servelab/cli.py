@@ -111,6 +111,108 @@ def calibrate(
         fail(str(exc))
 
 
+@app.command("live")
+def live_cmd(
+    scenario: Annotated[str, typer.Argument(help="Scenario YAML path or builtin:NAME.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to write.")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a field (repeatable)."),
+    ] = None,
+    batch_timeout_ms: Annotated[float | None, typer.Option(
+        help="Fail a batch's requests when its model call takes longer.")] = None,
+    on_interrupt: Annotated[str, typer.Option(
+        help="Ctrl-C: drain (finish queued work) or abandon.")] = "drain",
+) -> None:
+    """Run SCENARIO in real time against the real model (same policies and schedule as sim)."""
+    from executor.run import live
+
+    if on_interrupt not in ("drain", "abandon"):
+        fail(f"--on-interrupt {on_interrupt!r}: allowed: drain, abandon")
+    try:
+        result = live(scenario, overrides=set_ or None, handle_sigint=True,
+                      stop_mode=on_interrupt,
+                      batch_timeout_s=None if batch_timeout_ms is None else batch_timeout_ms / 1e3)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    if out is not None:
+        result.write(out)
+    for note in result.meta.get("calibration_warnings", []):
+        err_console.print(f"[bold yellow]calibration mismatch:[/] {note}")
+    from servelab.report import summary_table
+
+    early = ", stopped early" if result.meta["stopped_early"] else ""
+    title = f"{result.scenario.name} (live{early})"
+    console.print(summary_table(result.summary, title=title))
+    health = result.summary["executor_health"]
+    console.print("executor health (ms p50/p99): " + ", ".join(
+        f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in health.items() if v["count"]))
+    if out is not None:
+        console.print(f"run directory: {out}")
+
+
+@app.command("compare")
+def compare_cmd(
+    scenario: Annotated[str, typer.Argument(help="Scenario YAML path or builtin:NAME.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path(
+        "runs/compare"),
+    repeats: Annotated[int, typer.Option(help="Live runs (their spread is the yardstick).")] = 3,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a field (repeatable)."),
+    ] = None,
+    sweep_: Annotated[str | None, typer.Option(
+        "--sweep", help="Comma-separated target utilisations, e.g. 0.3,0.6,0.8,0.9.")] = None,
+) -> None:
+    """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
+    from executor.compare import compare, sweep
+
+    try:
+        if sweep_:
+            rhos = [float(x) for x in sweep_.split(",") if x.strip()]
+            frame = sweep(scenario, out, rhos, repeats=repeats, overrides=set_ or None,
+                          progress=lambda m: console.print(f"[dim]{m}[/]"))
+            console.print(_fidelity_table(frame))
+            console.print(f"fidelity curve: {out / 'fidelity.csv'}")
+            return
+        data = compare(scenario, out, repeats=repeats, overrides=set_ or None,
+                       progress=lambda m: console.print(f"[dim]{m}[/]"))
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    console.print(_compare_table(data))
+    console.print(f"report: {out / 'report.html'}")
+
+
+def _compare_table(data: dict[str, object]) -> object:
+    from rich.table import Table
+
+    rows = data["rows"]
+    assert isinstance(rows, list)
+    table = Table(title=f"sim vs live — rho {rows[0]['rho']:.2f}, {data['repeats']} live runs")
+    for col in ("metric", "sim", "live (median)", "error", "live min–max"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["label"], f"{r['sim']:.4g}", f"{r['live_median']:.4g}",
+                      f"{100 * r['rel_error']:+.1f}%", f"{r['live_min']:.4g}–{r['live_max']:.4g}")
+    return table
+
+
+def _fidelity_table(frame: object) -> object:
+    import pandas as pd
+    from rich.table import Table
+
+    assert isinstance(frame, pd.DataFrame)
+    table = Table(title="fidelity vs load (relative error sim vs live median)")
+    keys = ["throughput_rps", "latency_ms.p50", "latency_ms.p99", "mean_batch_size"]
+    for col in ("target rho", "rate req/s", *keys):
+        table.add_column(col, justify="right")
+    for rho, g in frame.groupby("target_rho"):
+        errs = {r["metric"]: r["rel_error"] for _, r in g.iterrows()}
+        table.add_row(f"{rho:g}", f"{g['rate_rps'].iloc[0]:.1f}",
+                      *[f"{100 * errs.get(k, float('nan')):+.1f}%" for k in keys])
+    return table
+
+
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect latency profiles.")
 app.add_typer(profile_app, name="profile")
 
