@@ -181,7 +181,8 @@ class _TorchRunner:
 
     def prepare_thread(self) -> None:
         """Call on a thread that will run batches: torch's intra-op thread count is a
-        per-thread OpenMP setting, so a new worker thread would otherwise use all cores."""
+        per-thread OpenMP setting, so a new worker thread would otherwise use all cores.
+        """
         self._torch.set_num_threads(self.threads)
 
     def _finish_model(self, model: Any) -> Any:

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from calibration.profile import ProfileError, builtin_profiles
 from sim.core import InvariantError, PolicyError
-from sim.scenario import ScenarioError, builtin_scenarios
+from sim.scenario import Scenario, ScenarioError, builtin_scenarios
 from sim.workloads import WorkloadError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -211,6 +211,134 @@ def _fidelity_table(frame: object) -> object:
         table.add_row(f"{rho:g}", f"{g['rate_rps'].iloc[0]:.1f}",
                       *[f"{100 * errs.get(k, float('nan')):+.1f}%" for k in keys])
     return table
+
+
+def _progress_bar(total_label: str) -> tuple[object, object]:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(TextColumn(total_label), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), console=console)
+    return bar, bar.add_task(total_label, total=None)
+
+
+@app.command("sweep")
+def sweep_cmd(
+    scenario: Annotated[str, typer.Argument(help="Scenario YAML path or builtin:NAME.")],
+    grid: Annotated[list[str], typer.Option(
+        help="KEY=V1,V2,... or KEY=START:STOP:STEP (repeatable).")],
+    seeds: Annotated[int, typer.Option(help="Seeds per grid point (0..n-1).")] = 5,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path(
+        "runs/sweep"),
+    workers: Annotated[int | None, typer.Option(help="Local processes (default: cores).")] = None,
+    dask: Annotated[str | None, typer.Option(
+        help="Dask scheduler address, e.g. tcp://10.0.0.5:8786 (or DASK_SCHEDULER_ADDRESS).")
+    ] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a base field (repeatable)."),
+    ] = None,
+) -> None:
+    """Simulate every grid point with every seed; results.parquet, CSV and an HTML report.
+
+    Finished runs are appended to OUT/runs.jsonl as they complete: Ctrl-C keeps them and
+    re-running with the same OUT skips them.
+    """
+    from sim.experiment_report import write_sweep_report
+    from sim.experiments import parse_grid, sweep
+
+    try:
+        base = sim_load(scenario, set_)
+        grid_dict = parse_grid(grid)
+        bar, task = _progress_bar("runs")
+        with bar:  # type: ignore[attr-defined]
+            frame = sweep(base, grid_dict, seeds, workers=workers, dask=dask, out_dir=out,
+                          progress=lambda d, t: bar.update(task, completed=d, total=t))  # type: ignore[attr-defined]
+    except KeyboardInterrupt:
+        fail(f"interrupted; finished runs are kept in {out / 'runs.jsonl'} (re-run to resume)",
+             code=130)
+        return
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    frame.to_parquet(out / "results.parquet", index=False)
+    frame.to_csv(out / "results.csv", index=False)
+    write_sweep_report(frame, list(grid_dict), out / "report.html")
+    failed = int((frame["error"] != "").sum())
+    console.print(f"{len(frame)} runs ({failed} failed): {out / 'results.parquet'}, "
+                  f"{out / 'report.html'}")
+    if failed:
+        first = frame.loc[frame["error"] != "", "error"].iloc[0]
+        console.print(f"[yellow]first failure:[/] {first}")
+
+
+def sim_load(scenario: str, overrides: list[str] | None) -> Scenario:
+    """Load and validate a scenario for the experiment commands."""
+    from sim.scenario import load_scenario
+
+    return load_scenario(scenario, overrides or None)
+
+
+@app.command("capacity")
+def capacity_cmd(
+    scenario: Annotated[str, typer.Argument(help="Scenario YAML path or builtin:NAME.")],
+    slo: Annotated[list[str], typer.Option(
+        help="Objective KEY=VALUE: p50_ms, p95_ms, p99_ms, mean_ms, error_rate, goodput_frac "
+             "(repeatable; all must hold).")],
+    over: Annotated[str, typer.Option(help="The load knob to search.")] = "workload.rate_rps",
+    seeds: Annotated[int, typer.Option(help="Replications per candidate.")] = 3,
+    tol: Annotated[float, typer.Option(help="Relative width of the final bracket.")] = 0.02,
+    out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
+    workers: Annotated[int | None, typer.Option()] = None,
+    dask: Annotated[str | None, typer.Option()] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set")] = None,
+) -> None:
+    """The highest load at which SCENARIO holds the SLO (bracketing + bisection)."""
+    from sim.capacity import capacity
+    from sim.rundir import write_json
+
+    try:
+        result = capacity(sim_load(scenario, set_), slo, over=over, seeds=seeds,
+                          tol=tol, workers=workers, dask=dask)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    lo, hi = result.interval
+    console.print(f"max {over} holding {result.slo}: [bold]{result.max_value:.4g}[/] "
+                  f"(met at {lo:.4g}, failed at {hi:.4g}; {seeds} seeds per candidate, "
+                  f"{len(result.evaluations)} candidates)")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "capacity.json", result.to_dict())
+        result.runs.to_parquet(out / "runs.parquet", index=False)
+        console.print(f"written: {out / 'capacity.json'}")
+
+
+@app.command("replicas")
+def replicas_cmd(
+    scenario: Annotated[str, typer.Argument(help="Scenario YAML path or builtin:NAME.")],
+    target_rps: Annotated[float, typer.Option(help="The load to hold.")],
+    slo: Annotated[list[str], typer.Option(help="Objective KEY=VALUE (repeatable).")],
+    seeds: Annotated[int, typer.Option()] = 3,
+    set_: Annotated[list[str] | None, typer.Option("--set")] = None,
+) -> None:
+    """The fewest replicas that hold the SLO at TARGET_RPS, with cost per million requests."""
+    from sim.capacity import replicas_needed
+
+    try:
+        answer = replicas_needed(sim_load(scenario, set_), target_rps, slo, seeds=seeds)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    cost = answer["cost_per_million_usd"]
+    console.print(f"[bold]{answer['replicas']}[/] replicas hold {answer['slo']} at "
+                  f"{target_rps:g} req/s (P99 {answer['latency_ms.p99']:.1f} ms"
+                  + (f", {cost:.2f} USD per million requests" if cost else "") + ")")
+    console.print(f"tried: {answer['tried']}")
 
 
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect latency profiles.")

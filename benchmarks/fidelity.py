@@ -1,0 +1,165 @@
+"""Fidelity: simulator predictions against live runs of the real model on this machine.
+
+For each policy and target utilisation ρ (the rate is found by bisection on the simulator),
+simulate, run live ``--repeats`` times, and report the relative error of throughput, P50,
+P99, mean batch size and utilisation next to ρ and the live run-to-run spread. Then, in the
+same run, executor efficiency at saturation (greedy, max batch B, arrivals far above
+capacity): live throughput / (B / calibrated median latency(B)), and the dispatch overhead
+per batch (decide + bookkeeping, excluding the model).
+
+Usage: python benchmarks/fidelity.py [--model minilm] [--seconds 10] [--repeats 3]
+       [--rhos 0.3,0.6,0.8,0.9] [--policies none,greedy,dynamic-request,dynamic-first,slo]
+Writes benchmarks/results/fidelity-<device>.md and .csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from calibration.profile import load_profile  # noqa: E402
+from executor.compare import compare, rate_for_utilization  # noqa: E402
+from executor.run import default_runners, live  # noqa: E402
+from sim.scenario import load_scenario  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+POLICIES = {
+    "none": {"kind": "none"},
+    "greedy": {"kind": "greedy", "max_batch_size": 8},
+    "dynamic-request": {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 5,
+                        "timer": "request"},
+    "dynamic-first": {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 5,
+                      "timer": "first"},
+    "slo": {"kind": "slo", "max_batch_size": 8},
+}
+KEYS = ["throughput_rps", "latency_ms.p50", "latency_ms.p99", "mean_batch_size", "utilization"]
+
+
+def base_scenario(profile: str, policy: dict, seconds: float, slo_ms: float) -> dict:
+    return {"name": "fidelity", "seed": 11, "service": {"kind": "profile", "path": profile},
+            "workload": {"kind": "poisson", "rate_rps": 10.0, "duration_s": seconds},
+            "policy": policy, "warmup_s": min(2.0, seconds / 5), "slo_ms": slo_ms}
+
+
+def efficiency(profile_ref: str, runners: list, batch: int, seconds: float) -> dict:
+    """Live throughput at saturation vs the calibrated capacity B / median(B)."""
+    profile = load_profile(profile_ref)
+    capacity = batch / profile.median_s(batch)
+    cfg = {"name": "saturation", "seed": 3, "service": {"kind": "profile", "path": profile_ref},
+           "workload": {"kind": "constant", "rate_rps": capacity * 3, "duration_s": seconds},
+           "policy": {"kind": "greedy", "max_batch_size": batch}, "warmup_s": seconds / 4}
+    result = live(cfg, runners=runners, handle_sigint=False)
+    bat = result.batches
+    full = bat[(bat["size"] == batch) & (bat["start_s"] >= cfg["warmup_s"])]
+    busy_s = float(bat["finish_s"].max() - bat[bat["start_s"] >= cfg["warmup_s"]]["start_s"]
+                    .min())
+    served = int(full["size"].sum())
+    live_rate = served / busy_s if busy_s > 0 else math.nan
+    health = result.summary["executor_health"]
+    return {"batch": batch, "calibrated_capacity_rps": capacity, "live_rps": live_rate,
+            "efficiency": live_rate / capacity,
+            "dispatch_overhead_p50_ms": health["dispatch_overhead_ms"]["p50"],
+            "dispatch_overhead_p99_ms": health["dispatch_overhead_ms"]["p99"],
+            "handoff_p50_ms": health["handoff_ms"]["p50"],
+            "handoff_p99_ms": health["handoff_ms"]["p99"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="minilm")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rhos", default="0.3,0.6,0.8,0.9")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--slo-ms", type=float, default=None)
+    ap.add_argument("--out", default=None, help="result name (default fidelity-<device>)")
+    args = ap.parse_args()
+    profile_ref = f"builtin:{args.model}-{args.device}"
+    profile = load_profile(profile_ref)
+    slo_ms = args.slo_ms or 10 * profile.median_s(1) * 1e3
+    rhos = [float(x) for x in args.rhos.split(",")]
+    policies = args.policies.split(",")
+    work = Path("/tmp") / f"servelab-fidelity-{args.model}-{args.device}"
+    t0 = time.perf_counter()
+    runners = None
+    rows = []
+    for name in policies:
+        scn = load_scenario(base_scenario(profile_ref, POLICIES[name], args.seconds, slo_ms))
+        if runners is None:
+            runners = default_runners(scn)
+        for rho in rhos:
+            rate = rate_for_utilization(scn, rho)
+            sub = load_scenario(scn, {"workload.rate_rps": rate})
+            data = compare(sub, work / name / f"rho-{rho:g}", repeats=args.repeats,
+                           runners=runners)
+            by = {r["metric"]: r for r in data["rows"]}
+            row = {"policy": name, "target_rho": rho, "rate_rps": rate,
+                   "sim_rho": data["rho"]}
+            for key in KEYS:
+                r = by[key]
+                row[f"{key}:sim"] = r["sim"]
+                row[f"{key}:live"] = r["live_median"]
+                row[f"{key}:err"] = r["rel_error"]
+                row[f"{key}:spread"] = r["live_spread_rel"]
+                row[f"{key}:within"] = r["within_spread"]
+            rows.append(row)
+            print(f"{name:16s} rho={rho:.1f} rate={rate:7.2f}  "
+                  + "  ".join(f"{k}={100 * row[k + ':err']:+.1f}%" for k in KEYS), flush=True)
+    frame = pd.DataFrame(rows)
+    eff = efficiency(profile_ref, runners or [], 8, max(args.seconds, 8))
+    elapsed = time.perf_counter() - t0
+
+    lines = [f"# Fidelity: sim vs live, {args.model} on {args.device}", "",
+             f"Machine: {platform.processor() or platform.machine()}; profile {profile_ref} "
+             f"(threads {profile.meta.get('threads')}); live runs of {args.seconds:g} s, "
+             f"{args.repeats} repeats; SLO {slo_ms:.0f} ms (slo policy); benchmark took "
+             f"{elapsed / 60:.1f} min.", "",
+             "Relative error = (sim − live median) / live median; spread = (live max − min) / "
+             "live median over the repeats.", "",
+             "| policy | ρ target | rate req/s | thr err | P50 err | P99 err | P99 spread | "
+             "batch err | util err |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['policy']} | {r['target_rho']:.1f} | {r['rate_rps']:.2f} | "
+            f"{100 * r['throughput_rps:err']:+.1f}% | {100 * r['latency_ms.p50:err']:+.1f}% | "
+            f"{100 * r['latency_ms.p99:err']:+.1f}% | {100 * r['latency_ms.p99:spread']:.1f}% | "
+            f"{100 * r['mean_batch_size:err']:+.1f}% | {100 * r['utilization:err']:+.1f}% |")
+    low = frame[frame["target_rho"] <= 0.8]
+    lines += ["", "Targets (ρ ≤ 0.8): |throughput err| ≤ 2% in "
+              f"{int((low['throughput_rps:err'].abs() <= 0.02).sum())}/{len(low)}, |P50 err| ≤ 2% "
+              f"in {int((low['latency_ms.p50:err'].abs() <= 0.02).sum())}/{len(low)}, |P99 err| "
+              f"≤ 5% in {int((low['latency_ms.p99:err'].abs() <= 0.05).sum())}/{len(low)}.",
+              f"ρ = 0.9: P99 sim within the live min–max in "
+              f"{int(frame[frame['target_rho'] >= 0.9]['latency_ms.p99:within'].sum())}/"
+              f"{int((frame['target_rho'] >= 0.9).sum())}.", "",
+              "## Executor efficiency at saturation (greedy, max batch 8)", "",
+              "| calibrated capacity req/s | live req/s | efficiency | dispatch overhead p50 / "
+              "p99 ms | hand-off p50 / p99 ms |", "|---:|---:|---:|---:|---:|",
+              f"| {eff['calibrated_capacity_rps']:.2f} | {eff['live_rps']:.2f} | "
+              f"{eff['efficiency']:.3f} | {eff['dispatch_overhead_p50_ms']:.3f} / "
+              f"{eff['dispatch_overhead_p99_ms']:.3f} | {eff['handoff_p50_ms']:.3f} / "
+              f"{eff['handoff_p99_ms']:.3f} |"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = args.out or f"fidelity-{args.device}" + ("" if args.model == "minilm" else
+                                                    f"-{args.model}")
+    (RESULTS / f"{name}.md").write_text(text)
+    frame.to_csv(RESULTS / f"{name}.csv", index=False)
+    _ = np
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Capacity planning: the highest load that holds an SLO, and the fewest replicas for a load.
+
+Each candidate is judged on the mean over ``seeds`` independent replications. The search
+brackets the answer (doubling or halving from the scenario's own value) and bisects
+geometrically until the bracket is within ``tol``; the answer is the highest value that met
+the SLO, reported with its bracket and every run behind it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.experiments import ExperimentError, Progress, sweep
+from sim.scenario import Scenario, load_scenario
+
+# SLO key -> (summary column, "max" = must not exceed, "min" = must reach)
+SLO_KEYS: dict[str, tuple[str, str]] = {
+    "mean_ms": ("latency_ms.mean", "max"),
+    "p50_ms": ("latency_ms.p50", "max"),
+    "p90_ms": ("latency_ms.p90", "max"),
+    "p95_ms": ("latency_ms.p95", "max"),
+    "p99_ms": ("latency_ms.p99", "max"),
+    "p999_ms": ("latency_ms.p999", "max"),
+    "error_rate": ("error_rate", "max"),
+    "goodput_frac": ("goodput_frac", "min"),
+}
+
+
+def parse_slo(items: Sequence[str] | Mapping[str, float]) -> dict[str, float]:
+    """``["p99_ms=100", "error_rate=0.01"]`` or a dict -> validated SLO dict."""
+    pairs: list[tuple[str, Any]]
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        pairs = []
+        for item in items:
+            if "=" not in item:
+                raise ExperimentError(f"--slo {item!r}: expected KEY=VALUE, e.g. p99_ms=100")
+            key, value = item.split("=", 1)
+            pairs.append((key.strip(), value))
+    slo: dict[str, float] = {}
+    for key, value in pairs:
+        if key not in SLO_KEYS:
+            raise ExperimentError(f"--slo {key!r}: allowed: {', '.join(SLO_KEYS)}")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ExperimentError(f"--slo {key}={value!r}: must be a number") from None
+        if not number >= 0:
+            raise ExperimentError(f"--slo {key}={value!r}: must be >= 0")
+        slo[key] = number
+    if not slo:
+        raise ExperimentError("--slo: give at least one objective, e.g. p99_ms=100")
+    return slo
+
+
+def meets(rows: pd.DataFrame, slo: Mapping[str, float]) -> tuple[bool, dict[str, float]]:
+    """Whether the replications' mean metrics hold every objective (failed runs: no)."""
+    if len(rows) == 0 or (rows["error"] != "").any():
+        return False, {}
+    values: dict[str, float] = {}
+    ok = True
+    for key, target in slo.items():
+        column, sense = SLO_KEYS[key]
+        if column == "goodput_frac":
+            series = rows["goodput_rps"] / rows["offered_rps"]
+        else:
+            series = rows[column]
+        value = float(series.mean())
+        values[key] = value
+        broken = (sense == "max" and value > target) or (sense == "min" and value < target)
+        if broken or not math.isfinite(value):
+            ok = False
+    return ok, values
+
+
+@dataclass
+class CapacityResult:
+    """The answer of :func:`capacity`.
+
+    Attributes:
+        over: The knob searched.
+        max_value: Highest value that met the SLO (0 when none did).
+        interval: (highest value that met, lowest value that failed).
+        slo: The objectives.
+        evaluations: One row per candidate: value, met, mean metrics.
+        runs: Every simulation behind the answer.
+    """
+
+    over: str
+    max_value: float
+    interval: tuple[float, float]
+    slo: dict[str, float]
+    evaluations: pd.DataFrame
+    runs: pd.DataFrame = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``capacity.json``)."""
+        return {"over": self.over, "max_value": self.max_value,
+                "max_rps": self.max_value if self.over == "workload.rate_rps" else None,
+                "interval": list(self.interval), "slo": self.slo,
+                "evaluations": self.evaluations.to_dict(orient="records")}
+
+
+def _current(scenario: Scenario, dotted: str) -> float:
+    node: Any = scenario.model_dump()
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ExperimentError(f"--over {dotted!r}: not a field of this scenario")
+        node = node[part]
+    if not isinstance(node, int | float) or isinstance(node, bool) or node <= 0:
+        raise ExperimentError(f"--over {dotted!r}: needs a positive number in the scenario "
+                              f"(found {node!r})")
+    return float(node)
+
+
+def capacity(scenario: Scenario | dict[str, Any] | str | Path,
+             slo: Mapping[str, float] | Sequence[str], *, over: str = "workload.rate_rps",
+             seeds: int = 3, tol: float = 0.02, workers: int | None = None,
+             dask: str | None = None, progress: Progress | None = None,
+             max_steps: int = 40) -> CapacityResult:
+    """The highest value of ``over`` at which the scenario holds ``slo``."""
+    base = load_scenario(scenario)
+    objectives = parse_slo(slo)
+    start = _current(base, over)
+    evaluations: list[dict[str, Any]] = []
+    runs: list[pd.DataFrame] = []
+    cache: dict[float, bool] = {}
+
+    def check(value: float) -> bool:
+        if value in cache:
+            return cache[value]
+        rows = sweep(base, {over: [value]}, seeds, workers=workers, dask=dask)
+        ok, values = meets(rows, objectives)
+        runs.append(rows)
+        evaluations.append({"value": value, "met": ok, **values})
+        cache[value] = ok
+        if progress:
+            progress(len(evaluations), len(evaluations))
+        return ok
+
+    steps = 0
+    if check(start):
+        lo, hi = start, start * 2
+        while check(hi):
+            lo, hi = hi, hi * 2
+            steps += 1
+            if steps > max_steps:
+                raise ExperimentError(f"{over}: the SLO still holds at {hi:g}; is the load "
+                                      "knob the right one?")
+    else:
+        lo, hi = start / 2, start
+        while not check(lo):
+            hi, lo = lo, lo / 2
+            steps += 1
+            if steps > max_steps or lo < start * 1e-6:
+                return CapacityResult(over, 0.0, (0.0, hi), objectives,
+                                      pd.DataFrame(evaluations), pd.concat(runs))
+    while hi / lo - 1 > tol and steps < max_steps:
+        mid = math.sqrt(lo * hi)
+        if check(mid):
+            lo = mid
+        else:
+            hi = mid
+        steps += 1
+    evals = pd.DataFrame(evaluations).sort_values("value").reset_index(drop=True)
+    return CapacityResult(over, lo, (lo, hi), objectives, evals, pd.concat(runs))
+
+
+def replicas_needed(scenario: Scenario | dict[str, Any] | str | Path, target_rps: float,
+                    slo: Mapping[str, float] | Sequence[str], *, seeds: int = 3,
+                    max_replicas: int = 256, workers: int | None = None,
+                    dask: str | None = None) -> dict[str, Any]:
+    """The fewest replicas that hold ``slo`` at ``target_rps``, with cost per million."""
+    if not target_rps > 0:
+        raise ExperimentError(f"--target-rps {target_rps}: must be > 0")
+    base = load_scenario(scenario, {"workload.rate_rps": target_rps})
+    objectives = parse_slo(slo)
+    tried: dict[int, tuple[bool, pd.DataFrame]] = {}
+
+    def check(n: int) -> bool:
+        rows = sweep(base, {"replicas": [n]}, seeds, workers=workers, dask=dask)
+        tried[n] = (meets(rows, objectives)[0], rows)
+        return tried[n][0]
+
+    lo, hi = 0, 1
+    while not check(hi):
+        lo, hi = hi, hi * 2
+        if hi > max_replicas:
+            raise ExperimentError(f"no replica count up to {max_replicas} holds the SLO at "
+                                  f"{target_rps:g} req/s")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if check(mid):
+            hi = mid
+        else:
+            lo = mid
+    ok, rows = tried[hi]
+    price = base.price_per_replica_hour
+    throughput = float(rows["throughput_rps"].mean())
+    cost = price * hi / 3600 / throughput * 1e6 if price > 0 and throughput > 0 else None
+    return {"replicas": hi, "target_rps": target_rps, "slo": objectives,
+            "met": ok, "throughput_rps": throughput,
+            "latency_ms.p99": float(rows["latency_ms.p99"].mean()),
+            "cost_per_million_usd": cost,
+            "tried": {str(n): bool(v[0]) for n, v in sorted(tried.items())}}
