@@ -1,0 +1,1 @@
+"""Runnable examples; each has a --quick mode that the tests run."""

@@ -176,9 +176,9 @@ def _execute_dask(tasks: Sequence[Task], address: str, progress: Progress | None
     except ImportError:
         raise ExperimentError("--dask: needs dask.distributed (pip install 'servelab[distributed]')"
                               ) from None
-    with Client(address, timeout="10s") as client:
+    with Client(address, timeout="10s") as client:  # type: ignore[no-untyped-call]
         futures = client.map(run_task, list(tasks), pure=False)
-        for i, fut in enumerate(as_completed(futures), 1):
+        for i, fut in enumerate(as_completed(futures), 1):  # type: ignore[no-untyped-call]
             yield fut.result()
             if progress:
                 progress(i, len(tasks))

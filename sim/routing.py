@@ -20,6 +20,9 @@ ROUTINGS = ("shared", "round_robin", "random", "jsq", "p2c", "least_work")
 class ReplicaLoad:
     """A replica's load as seen at an arrival.
 
+    ``outstanding_work_s`` is filled in only for routers with ``needs_work_estimate = True``
+    (it costs a latency-model call per replica per arrival); it is 0 otherwise.
+
     Attributes:
         index: Replica number.
         queue_len: Requests waiting in its queue.
@@ -109,6 +112,8 @@ class PowerOfTwo:
 
 class LeastWork:
     """The replica with the least estimated outstanding work (seconds)."""
+
+    needs_work_estimate = True  # the core computes outstanding_work_s only for routers that ask
 
     def __repr__(self) -> str:
         return "LeastWork()"

@@ -187,3 +187,18 @@ def test_wake_up_exactly_at_float_boundaries_does_not_stall() -> None:
         workload={"kind": "poisson", "rate_rps": 3333.3, "n_requests": 20_000},
         policy={"kind": "dynamic", "max_batch_size": 7, "max_wait_ms": 0.1}))
     assert result.summary["ok"] == 20_000 and math.isfinite(result.summary["latency_ms"]["p99"])
+
+
+def test_load_aware_routers_beat_blind_ones_under_skewed_service() -> None:
+    base = scenario(service={"kind": "gamma", "mean_ms": 10, "cv": 3},
+                    workload={"kind": "poisson", "rate_rps": 320, "n_requests": 20_000},
+                    policy={"kind": "none"}, replicas=4, warmup_s=2)
+    mean = {}
+    for routing in ["shared", "round_robin", "jsq", "least_work", "p2c"]:
+        result = sim.run({**base, "routing": routing})
+        share = result.requests["replica"].value_counts(normalize=True)
+        assert share.min() > 0.15, (routing, share.to_dict())  # every replica gets work
+        mean[routing] = result.summary["latency_ms"]["mean"]
+    # queueing theory: one shared queue (M/G/4) is best; load-aware routing beats blind
+    assert mean["shared"] < min(mean["jsq"], mean["least_work"], mean["p2c"])
+    assert max(mean["jsq"], mean["least_work"], mean["p2c"]) < mean["round_robin"]

@@ -1,0 +1,54 @@
+"""Every example runs (reduced sizes) and shows the effect it is there to teach."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+def run(name: str):
+    return importlib.import_module(f"examples.{name}").main(quick=True)
+
+
+def test_batch_size_tradeoff() -> None:
+    t = run("batch_size_tradeoff").set_index("policy.max_batch_size")
+    assert t.loc[1, "latency_ms.p99"] > 10 * t.loc[16, "latency_ms.p99"]  # batch 1 cannot keep up
+
+
+def test_max_wait_tradeoff() -> None:
+    t = run("max_wait_tradeoff")
+    seq = t[t["load"] == "1 sequential client"].set_index("max_wait_ms")
+    assert (seq["mean_batch"] == 1).all()
+    assert seq.loc[10, "p50_ms"] > seq.loc[0, "p50_ms"] + 9  # waits the full 10 ms for nothing
+
+
+def test_burstiness() -> None:
+    t = run("burstiness")
+    unbounded = t[t["queue_bound"] == "none"].set_index("cv")
+    assert unbounded.loc[4, "p99_ms"] > unbounded.loc[1, "p99_ms"]
+    bounded = t[t["queue_bound"] == 32].set_index("cv")
+    assert bounded["queue_len_max"].max() <= 32
+
+
+def test_replicas_vs_batching() -> None:
+    t = run("replicas_vs_batching")
+    batching = t.iloc[0]
+    assert batching["usd_per_million"] < t.iloc[1:]["usd_per_million"].min()
+
+
+def test_routing() -> None:
+    t = run("routing").set_index("routing")
+    assert t.loc["shared", "latency_ms.mean"] < t.loc["round_robin", "latency_ms.mean"]
+
+
+def test_trace_replay() -> None:
+    t = run("trace_replay")
+    assert t["utilization"].is_monotonic_increasing
+    assert t["p99_ms"].is_monotonic_increasing
+
+
+@pytest.mark.slow
+def test_capacity_planning() -> None:
+    answer = run("capacity_planning")
+    assert answer["met"] and answer["replicas"] >= 3
