@@ -53,8 +53,8 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on() -> None:
 
 
 def test_invalid_grid_values_fail_before_any_run() -> None:
-    with pytest.raises(sim.ScenarioError, match="policy.max_batch_size"):
-        sweep(BASE, {"policy.max_batch_size": [4, -1]}, seeds=1)  # noqa: RUF043
+    with pytest.raises(sim.ScenarioError, match=r"policy\.max_batch_size"):
+        sweep(BASE, {"policy.max_batch_size": [4, -1]}, seeds=1)
 
 
 def test_interrupted_sweep_keeps_rows_and_resumes(tmp_path) -> None:
