@@ -68,12 +68,13 @@ def show(profile: LatencyProfile, console: Console, title: str | None = None) ->
     table = Table(title=title or f"{profile.name} — {meta.get('dtype')}, "
                   f"{meta.get('threads')} threads, torch {meta.get('torch_version')}"
                   f"{' — SYNTHETIC' if meta.get('synthetic') else ''}")
-    for col in ("batch", "n", "median ms", "p5 ms", "p95 ms", "p99 ms", "CV", "ms/item",
-                "items/s"):
+    for col in ("batch", "n", "median ms", "±se %", "p5 ms", "p95 ms", "p99 ms", "CV",
+                "ms/item", "items/s"):
         table.add_column(col, justify="right")
     for row in profile_summary(profile):
         b = row["batch_size"]
-        table.add_row(str(b), str(row["n"]), f"{row['median_ms']:.3f}", f"{row['p5_ms']:.3f}",
+        table.add_row(str(b), str(row["n"]), f"{row['median_ms']:.3f}",
+                      f"{row['se_median_pct']:.1f}", f"{row['p5_ms']:.3f}",
                       f"{row['p95_ms']:.3f}", f"{row['p99_ms']:.3f}", f"{row['cv']:.3f}",
                       f"{row['median_ms'] / b:.3f}", f"{b / row['median_ms'] * 1e3:,.0f}")
     console.print(table)

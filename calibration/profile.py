@@ -252,5 +252,8 @@ def profile_summary(profile: LatencyProfile) -> list[dict[str, float]]:
             "p95_ms": float(np.quantile(samples, 0.95)) * 1e3,
             "p99_ms": float(np.quantile(samples, 0.99)) * 1e3,
             "cv": float(np.std(samples) / mean) if mean > 0 else math.nan,
+            # standard error of the median (normal approximation): how precise the median is
+            "se_median_pct": float(1.2533 * np.std(samples, ddof=1) / math.sqrt(samples.size)
+                                   / np.median(samples) * 100) if samples.size > 1 else math.nan,
         })
     return rows

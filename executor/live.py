@@ -225,11 +225,8 @@ class LiveDriver:
             self.health.arrival_lateness_s.append(max(0.0, now - last))
 
     def _consult_touched(self, touched: set[int], now: float, skip: int = -1) -> None:
-        core = self.core
-        for q in sorted(touched):
-            for replica in core.replicas_of[q]:
-                if replica != skip and core.free(replica):
-                    self._consult(replica, now)
+        for replica in self.core.free_replicas_of(touched, skip):
+            self._consult(replica, now)
 
     def _fire_wakes(self, now: float) -> None:
         for replica, due in enumerate(self._wake_at):

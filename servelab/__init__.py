@@ -14,6 +14,8 @@ from sim import (
     load_scenario,
     run,
 )
+from sim.capacity import capacity, replicas_needed
+from sim.experiments import pareto, replicate, sweep
 
 __version__ = "0.1.0"
 
@@ -29,7 +31,12 @@ __all__ = [
     "ScenarioError",
     "__version__",
     "arrival_schedule",
+    "capacity",
     "load_profile",
     "load_scenario",
+    "pareto",
+    "replicas_needed",
+    "replicate",
     "run",
+    "sweep",
 ]

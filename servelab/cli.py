@@ -341,6 +341,32 @@ def replicas_cmd(
     console.print(f"tried: {answer['tried']}")
 
 
+@app.command("dashboard")
+def dashboard_cmd(
+    port: Annotated[int, typer.Option(help="Port to serve on.")] = 8501,
+    address: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Start the Streamlit dashboard (no browser is opened when there is no display)."""
+    import os
+    import subprocess
+    from importlib import resources
+    from importlib.util import find_spec
+
+    if find_spec("streamlit") is None:
+        fail("the dashboard needs streamlit: pip install 'servelab[dashboard]'")
+    app_path = str(resources.files("dashboard") / "app.py")
+    headless = sys.platform.startswith("linux") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    cmd = [sys.executable, "-m", "streamlit", "run", app_path, "--server.port", str(port),
+           "--server.address", address, "--server.headless", str(headless).lower(),
+           "--browser.gatherUsageStats", "false"]
+    console.print(f"servelab dashboard on http://{address}:{port} (Ctrl-C to stop)")
+    try:
+        raise typer.Exit(subprocess.call(cmd))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect latency profiles.")
 app.add_typer(profile_app, name="profile")
 

@@ -223,6 +223,13 @@ class ServingCore:
         """Whether some replica may start a batch."""
         return self._free_replicas > 0
 
+    def free_replicas_of(self, queues: set[int], skip: int = -1) -> list[int]:
+        """Free replicas that serve any of ``queues`` (to consult after arrivals joined them),
+        in index order, leaving out ``skip``.
+        """
+        return [r for q in sorted(queues) for r in self.replicas_of[q]
+                if r != skip and self.free(r)]
+
     def next_arrival_s(self) -> float:
         """Time of the next arrival not yet admitted (inf when none)."""
         return self.source.peek_s()

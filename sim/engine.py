@@ -73,11 +73,8 @@ class SimPyDriver:
             event.callbacks.append(self._on_done)
 
     def _consult_touched(self, touched: set[int], now_s: float, skip: int = -1) -> None:
-        core = self.core
-        for q in sorted(touched):
-            for replica in core.replicas_of[q]:
-                if replica != skip and core.free(replica):
-                    self._consult(replica, now_s)
+        for replica in self.core.free_replicas_of(touched, skip):
+            self._consult(replica, now_s)
 
     # -- callbacks ---------------------------------------------------------------------------
     # Events carry their exact target time: ``now + (t - now)`` can round below ``t``, and a

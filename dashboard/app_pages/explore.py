@@ -1,0 +1,86 @@
+"""Explore: one scenario, every knob, the numbers and figures that matter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+import yaml
+
+from dashboard import figures
+from dashboard.state import fmt, parse_upload, profile_choice, run_scenario
+from dashboard.widgets import policy_widgets, workload_widgets
+
+st.title("Explore")
+st.caption("Pick a profile, arrivals and a policy; everything re-simulates as you move a knob.")
+
+restore = st.file_uploader("restore a scenario (YAML)", type=["yaml", "yml"], key="restore")
+loaded: dict[str, Any] = {}
+if restore is not None:
+    try:
+        data = parse_upload(restore.getvalue(), restore.name)
+        if not isinstance(data, dict):
+            raise ValueError("the file must hold a mapping of scenario keys")
+        loaded = data
+    except (ValueError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        st.error(f"Could not read {restore.name}: {exc}")
+
+left, right = st.columns([1, 3])
+with left:
+    profile = profile_choice("explore-profile")
+    workload = workload_widgets("explore", loaded.get("workload"))
+    policy = policy_widgets("explore", loaded.get("policy"))
+    with st.expander("queue, replicas, SLO"):
+        max_len = st.number_input("queue bound (0 = none)", 0, 100_000,
+                                  int((loaded.get("queue") or {}).get("max_len") or 0),
+                                  key="explore-maxlen")
+        timeout = st.number_input("request timeout ms (0 = none)", 0.0, 600_000.0,
+                                  float((loaded.get("queue") or {}).get("timeout_ms") or 0.0),
+                                  key="explore-timeout")
+        replicas = st.slider("replicas", 1, 32, int(loaded.get("replicas", 1)),
+                             key="explore-replicas")
+        routing = st.selectbox("routing", ["shared", "round_robin", "random", "jsq", "p2c",
+                                           "least_work"], key="explore-routing")
+        slo_ms = st.number_input("SLO (ms)", 1.0, 600_000.0, float(loaded.get("slo_ms") or 250),
+                                 key="explore-slo")
+        seed = st.number_input("seed", 0, 1_000_000, int(loaded.get("seed", 7)),
+                               key="explore-seed")
+
+scenario: dict[str, Any] = {
+    "name": "dashboard", "seed": int(seed),
+    "service": {"kind": "profile", "path": profile or "builtin:minilm-cpu"},
+    "workload": workload, "policy": policy,
+    "queue": {"discipline": "fifo", "max_len": int(max_len) or None,
+              "timeout_ms": float(timeout) or None},
+    "replicas": int(replicas), "routing": routing,
+    "warmup_s": min(5.0, workload["duration_s"] / 10), "slo_ms": float(slo_ms),
+}
+if policy["kind"] == "aimd":
+    scenario["policy"]["slo_ms"] = policy.get("slo_ms", slo_ms)
+
+with right:
+    result = run_scenario(scenario)
+    if result is not None:
+        s = result.summary
+        cards = st.columns(5)
+        cards[0].metric("throughput", fmt(s["throughput_rps"], 1, " req/s"))
+        cards[1].metric("P50 latency", fmt(s["latency_ms"]["p50"], 1, " ms"))
+        cards[2].metric("P95 latency", fmt(s["latency_ms"]["p95"], 1, " ms"))
+        cards[3].metric("P99 latency", fmt(s["latency_ms"]["p99"], 1, " ms"))
+        cards[4].metric("error rate", fmt(100 * s["error_rate"], 2, " %"))
+        second = st.columns(4)
+        second[0].metric("device utilisation", fmt(100 * s["utilization"], 1, " %"))
+        second[1].metric("mean batch", fmt(s["mean_batch_size"], 2))
+        second[2].metric("batch utilisation", fmt(100 * s["batch_utilization"], 1, " %"))
+        second[3].metric("queue length p95", fmt(s["queue_len"]["p95"], 0))
+        runs = {"this scenario": result}
+        a, b = st.columns(2)
+        a.plotly_chart(figures.latency_cdf(runs))
+        b.plotly_chart(figures.percentile_bars(runs))
+        st.plotly_chart(figures.queue_over_time(result))
+        a, b, c = st.columns(3)
+        a.plotly_chart(figures.batch_histogram(result))
+        b.plotly_chart(figures.replica_utilization(result))
+        c.plotly_chart(figures.latency_split(result))
+        st.download_button("download this scenario (YAML)", result.scenario.to_yaml(),
+                           file_name="scenario.yaml", mime="application/x-yaml")

@@ -1,0 +1,78 @@
+"""Verify: sim-vs-live results, errors coloured against the fidelity targets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import figures
+from sim.runner import Result
+from sim.scenario import load_scenario
+
+st.title("Verify: simulator vs the real model")
+st.caption("A `servelab compare` result: the same scenario simulated and run live; the "
+           "prediction is good when its error is inside the live run-to-run spread.")
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "compare-mlp"
+TARGETS = {"throughput_rps": 0.02, "latency_ms.p50": 0.02, "latency_ms.p99": 0.05}
+
+folder = st.text_input("compare result directory", str(EXAMPLE), key="verify-dir")
+top = Path(folder)
+loads = sorted(top.glob("rho-*/compare.json"))
+path = top
+if loads:  # a `servelab compare --sweep` directory: one comparison per load
+    pick = st.selectbox("load", [p.parent.name for p in loads], key="verify-load")
+    path = top / pick
+if not (path / "compare.json").is_file():
+    st.error(f"No compare.json in {folder!r}. Run `servelab compare SCENARIO --out DIR` and "
+             "give DIR here (a shipped example is the default).")
+    st.stop()
+try:
+    data = json.loads((path / "compare.json").read_text())
+except (OSError, json.JSONDecodeError) as exc:
+    st.error(f"Cannot read {path / 'compare.json'}: {exc}")
+    st.stop()
+
+rows = pd.DataFrame(data["rows"])
+st.markdown(f"**{data['scenario']}** — ρ = {data['rho']:.2f}, {data['repeats']} live runs")
+for note in data.get("calibration_warnings", []):
+    st.warning(f"calibration mismatch: {note}")
+
+
+def colour(row: pd.Series) -> list[str]:
+    target = TARGETS.get(row["metric"])
+    if target is None:
+        ok = bool(row["within_spread"])
+    else:
+        ok = abs(row["error %"]) / 100 <= target or bool(row["within_spread"])
+    style = "background-color: #cfe8d9" if ok else "background-color: #f6d5c8"
+    return [style if col == "error %" else "" for col in row.index]
+
+
+shown = rows.assign(**{"error %": 100 * rows["rel_error"]})[
+    ["metric", "label", "sim", "live_median", "error %", "live_min", "live_max",
+     "within_spread"]]
+st.dataframe(shown.style.apply(colour, axis=1).format(precision=3), hide_index=True)
+st.caption("Green: within the target (throughput and P50 ±2%, P99 ±5%) or inside the live "
+           "spread; orange: outside both.")
+
+
+def load_run(folder: Path) -> Result:
+    return Result(load_scenario(folder / "scenario.yaml"),
+                  json.loads((folder / "summary.json").read_text()),
+                  pd.read_parquet(folder / "requests.parquet"),
+                  pd.read_parquet(folder / "batches.parquet"),
+                  pd.read_parquet(folder / "queue.parquet"),
+                  json.loads((folder / "meta.json").read_text()))
+
+
+runs = {"sim": load_run(path / "sim")}
+for live_dir in sorted(path.glob("live-*")):
+    runs[live_dir.name] = load_run(live_dir)
+st.plotly_chart(figures.latency_cdf(runs))
+fidelity = top / "fidelity.csv"
+if fidelity.is_file():
+    st.plotly_chart(figures.fidelity_curve(pd.read_csv(fidelity)))

@@ -1,0 +1,161 @@
+"""Plotly figures for the dashboard (pure functions of results; no streamlit here).
+
+Units in every axis title; the Okabe-Ito palette (colour-blind safe); figures use the
+``plotly`` template so they read in light and dark themes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from calibration.report import PALETTE
+from sim.runner import Result
+
+TEMPLATE = "plotly"
+
+
+def _ok_latency_ms(result: Result) -> np.ndarray:
+    req = result.requests
+    ok = req[(req["status"] == "ok") & (req["arrival_s"] >= result.scenario.warmup_s)]
+    return np.sort((ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3)
+
+
+def latency_cdf(results: Mapping[str, Result]) -> go.Figure:
+    """Latency CDFs of one or more runs."""
+    fig = go.Figure()
+    for i, (name, result) in enumerate(results.items()):
+        lat = _ok_latency_ms(result)
+        fig.add_trace(go.Scatter(x=lat, y=np.arange(1, lat.size + 1) / max(lat.size, 1),
+                                 mode="lines", name=name,
+                                 line={"color": PALETTE[i % len(PALETTE)]}))
+    fig.update_layout(template=TEMPLATE, title="latency CDF", xaxis_title="latency (ms)",
+                      yaxis_title="fraction of requests", height=350)
+    return fig
+
+
+def percentile_bars(results: Mapping[str, Result]) -> go.Figure:
+    """Mean, P50, P95, P99 latency per run."""
+    fig = go.Figure()
+    keys = ["mean", "p50", "p95", "p99"]
+    for i, (name, result) in enumerate(results.items()):
+        lat = result.summary["latency_ms"]
+        fig.add_trace(go.Bar(x=keys, y=[lat[k] for k in keys], name=name,
+                             marker_color=PALETTE[i % len(PALETTE)]))
+    fig.update_layout(template=TEMPLATE, title="latency percentiles", barmode="group",
+                      yaxis_title="latency (ms)", height=350)
+    return fig
+
+
+def queue_over_time(result: Result) -> go.Figure:
+    """Total queue length over time (step function)."""
+    q = result.queue.sort_values("time_s", kind="stable")
+    delta = q.groupby("queue")["length"].diff().fillna(q["length"])
+    fig = go.Figure(go.Scatter(x=q["time_s"], y=np.cumsum(delta.to_numpy()), mode="lines",
+                               line_shape="hv", line={"color": PALETTE[0], "width": 1}))
+    fig.update_layout(template=TEMPLATE, title="queue length over time", xaxis_title="time (s)",
+                      yaxis_title="queued requests", height=300)
+    return fig
+
+
+def batch_histogram(result: Result) -> go.Figure:
+    """How often each batch size was dispatched."""
+    counts = result.batches["size"].value_counts().sort_index()
+    fig = go.Figure(go.Bar(x=counts.index, y=counts.to_numpy(), marker_color=PALETTE[1]))
+    fig.update_layout(template=TEMPLATE, title="batch sizes", xaxis_title="batch size (requests)",
+                      yaxis_title="batches", height=300)
+    return fig
+
+
+def replica_utilization(result: Result) -> go.Figure:
+    """Busy fraction of each replica."""
+    util = result.summary["utilization_per_replica"]
+    fig = go.Figure(go.Bar(x=[f"replica {i}" for i in range(len(util))], y=util,
+                           marker_color=PALETTE[2]))
+    fig.update_layout(template=TEMPLATE, title="device utilisation per replica",
+                      yaxis_title="busy fraction", yaxis_range=[0, 1], height=300)
+    return fig
+
+
+def latency_split(result: Result) -> go.Figure:
+    """Where the time goes: queue wait vs service, at mean, P50 and P99."""
+    s = result.summary
+    keys = ["mean", "p50", "p99"]
+    fig = go.Figure([
+        go.Bar(x=keys, y=[s["queue_ms"][k] for k in keys], name="queue wait",
+               marker_color=PALETTE[3]),
+        go.Bar(x=keys, y=[s["service_ms"][k] for k in keys], name="service",
+               marker_color=PALETTE[0]),
+    ])
+    fig.update_layout(template=TEMPLATE, title="latency split (queue wait vs service)",
+                      barmode="stack", yaxis_title="ms", height=300)
+    return fig
+
+
+def knee_index(load: Sequence[float], p99: Sequence[float]) -> int | None:
+    """Index of the knee: the first load whose P99 exceeds 3x the lowest load's P99."""
+    values = list(p99)
+    if not values:
+        return None
+    base = values[0]
+    for i, v in enumerate(values):
+        if v > 3 * base:
+            return i
+    return None
+
+
+def load_curves(frame: pd.DataFrame, config_col: str = "config") -> go.Figure:
+    """P50 and P99 against offered load per configuration, knee marked."""
+    fig = go.Figure()
+    for i, (name, g) in enumerate(frame.groupby(config_col, sort=False)):
+        g = g.sort_values("offered_rps")
+        colour = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=g["offered_rps"], y=g["latency_ms.p99"], name=f"{name} P99",
+                                 mode="lines+markers", line={"color": colour}))
+        fig.add_trace(go.Scatter(x=g["offered_rps"], y=g["latency_ms.p50"], name=f"{name} P50",
+                                 mode="lines", line={"color": colour, "dash": "dot"}))
+        knee = knee_index(g["offered_rps"].tolist(), g["latency_ms.p99"].tolist())
+        if knee is not None:
+            row = g.iloc[knee]
+            fig.add_trace(go.Scatter(x=[row["offered_rps"]], y=[row["latency_ms.p99"]],
+                                     mode="markers", marker={"symbol": "x", "size": 14,
+                                                             "color": colour},
+                                     name=f"{name} knee"))
+    fig.update_layout(template=TEMPLATE, title="latency vs offered load",
+                      xaxis_title="offered load (req/s)", yaxis_title="latency (ms)",
+                      yaxis_type="log", height=400)
+    return fig
+
+
+def goodput_curves(frame: pd.DataFrame, config_col: str = "config") -> go.Figure:
+    """Goodput (ok within the SLO) against offered load per configuration."""
+    fig = go.Figure()
+    for i, (name, g) in enumerate(frame.groupby(config_col, sort=False)):
+        g = g.sort_values("offered_rps")
+        fig.add_trace(go.Scatter(x=g["offered_rps"], y=g["goodput_rps"], name=str(name),
+                                 mode="lines+markers",
+                                 line={"color": PALETTE[i % len(PALETTE)]}))
+    top = float(frame["offered_rps"].max()) if len(frame) else 1.0
+    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="ideal",
+                             line={"color": "#999999", "dash": "dash"}))
+    fig.update_layout(template=TEMPLATE, title="goodput vs offered load",
+                      xaxis_title="offered load (req/s)", yaxis_title="goodput (req/s)",
+                      height=400)
+    return fig
+
+
+def fidelity_curve(frame: pd.DataFrame) -> go.Figure:
+    """Relative error of key metrics against target utilisation (a ``fidelity.csv``)."""
+    fig = go.Figure()
+    for i, metric in enumerate(["throughput_rps", "latency_ms.p50", "latency_ms.p99",
+                                "mean_batch_size"]):
+        g = frame[frame["metric"] == metric].sort_values("target_rho")
+        fig.add_trace(go.Scatter(x=g["target_rho"], y=100 * g["rel_error"], name=metric,
+                                 mode="lines+markers", line={"color": PALETTE[i]}))
+    fig.update_layout(template=TEMPLATE, title="sim vs live error against load",
+                      xaxis_title="utilisation ρ", yaxis_title="relative error (%)",
+                      height=380)
+    return fig

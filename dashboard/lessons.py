@@ -1,0 +1,301 @@
+"""Course lessons: text in English and Chinese, each with an experiment and a question.
+
+The experiments are small functions that build scenarios, simulate them (cached) and show live
+numbers; the text is data here so translations sit side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from calibration.profile import load_profile
+from calibration.report import profile_figure
+from dashboard.state import fmt, run_scenario
+
+LANGS = {"English": "en", "中文": "zh"}
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """One lesson: title, explanation and question per language, and its experiment."""
+
+    key: str
+    title: dict[str, str]
+    text: dict[str, str]
+    question: dict[str, str]
+    experiment: Callable[[str], None]
+
+
+def _scenario(policy: dict[str, Any], workload: dict[str, Any], profile: str = "builtin:mlp-cpu",
+              **extra: Any) -> dict[str, Any]:
+    return {"name": "lesson", "seed": 1, "service": {"kind": "profile", "path": profile},
+            "workload": workload, "policy": policy, "warmup_s": 1, **extra}
+
+
+def _row(label: str, result: Any) -> dict[str, Any]:
+    s = result.summary
+    return {"": label, "throughput req/s": fmt(s["throughput_rps"]),
+            "P50 ms": fmt(s["latency_ms"]["p50"]), "P99 ms": fmt(s["latency_ms"]["p99"]),
+            "mean batch": fmt(s["mean_batch_size"], 2),
+            "utilisation %": fmt(100 * s["utilization"]),
+            "error %": fmt(100 * s["error_rate"], 2),
+            "queue p95": fmt(s["queue_len"]["p95"], 0)}
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    st.dataframe(pd.DataFrame(rows), hide_index=True)
+
+
+# -- experiments ---------------------------------------------------------------------------------
+def exp_runs_vs_serves(lang: str) -> None:
+    profile = load_profile("builtin:minilm-cpu")
+    alone_ms = profile.median_s(1) * 1e3
+    rate = st.slider("requests per second" if lang == "en" else "每秒请求数", 5, 70, 40,
+                     key="l1-rate")
+    result = run_scenario(_scenario({"kind": "none"}, {"kind": "poisson", "rate_rps": rate,
+                                                       "duration_s": 120},
+                                    profile="builtin:minilm-cpu"))
+    if result is None:
+        return
+    cols = st.columns(3)
+    cols[0].metric("one request alone" if lang == "en" else "单个请求", fmt(alone_ms, 1, " ms"))
+    cols[1].metric("stream P50" if lang == "en" else "请求流 P50",
+                   fmt(result.summary["latency_ms"]["p50"], 1, " ms"))
+    cols[2].metric("stream P99" if lang == "en" else "请求流 P99",
+                   fmt(result.summary["latency_ms"]["p99"], 1, " ms"))
+
+
+def exp_latency_vs_throughput(lang: str) -> None:
+    rate = st.slider("offered load (req/s)" if lang == "en" else "负载（请求/秒）", 200, 6000,
+                     2000, 100, key="l2-rate")
+    rows = []
+    for b in (1, 8, 32):
+        result = run_scenario(_scenario({"kind": "greedy", "max_batch_size": b},
+                                        {"kind": "poisson", "rate_rps": rate, "duration_s": 10}))
+        if result is not None:
+            rows.append(_row(f"batch ≤ {b}", result))
+    _table(rows)
+
+
+def exp_why_batching(lang: str) -> None:
+    name = st.selectbox("profile" if lang == "en" else "性能曲线",
+                        ["mlp-cpu", "cnn-cpu", "minilm-cpu"], key="l3-profile")
+    st.plotly_chart(profile_figure([load_profile(f"builtin:{name}")], [name]))
+
+
+def exp_why_queues(lang: str) -> None:
+    cv = st.slider("burstiness (CV)" if lang == "en" else "突发程度（CV）", 1.0, 8.0, 4.0, 0.5,
+                   key="l4-cv")
+    bound = st.slider("queue bound" if lang == "en" else "队列上限", 4, 256, 32, key="l4-bound")
+    rows = []
+    for label, max_len in (("no bound" if lang == "en" else "无上限", None),
+                           (f"bound {bound}" if lang == "en" else f"上限 {bound}", bound)):
+        result = run_scenario(_scenario(
+            {"kind": "dynamic", "max_batch_size": 16, "max_wait_ms": 1},
+            {"kind": "gamma", "rate_rps": 2500, "cv": cv, "duration_s": 20},
+            queue={"max_len": max_len}))
+        if result is not None:
+            rows.append(_row(label, result))
+    _table(rows)
+
+
+def exp_concurrency_vs_batching(lang: str) -> None:
+    clients = st.slider("closed-loop clients" if lang == "en" else "闭环客户端数", 1, 64, 16,
+                        key="l5-clients")
+    rows = []
+    closed = run_scenario(_scenario({"kind": "none"}, {"kind": "closed", "clients": clients,
+                                                       "think_ms": 5, "duration_s": 10},
+                                    replicas=4))
+    if closed is not None:
+        rows.append(_row(f"{clients} clients, 4 replicas, no batching" if lang == "en"
+                         else f"{clients} 个客户端，4 副本，不批处理", closed))
+        rate = closed.summary["throughput_rps"]
+        batched = run_scenario(_scenario({"kind": "dynamic", "max_batch_size": 32,
+                                          "max_wait_ms": 2},
+                                         {"kind": "poisson", "rate_rps": max(rate, 1.0),
+                                          "duration_s": 10}))
+        if batched is not None:
+            rows.append(_row("open loop, 1 replica, dynamic batching" if lang == "en"
+                             else "开环，1 副本，动态批处理", batched))
+    _table(rows)
+
+
+def exp_balance(lang: str) -> None:
+    slo = st.slider("latency SLO (ms)" if lang == "en" else "延迟目标（毫秒）", 5, 200, 20,
+                    key="l6-slo")
+    rows = []
+    for b in (4, 32):
+        result = run_scenario(_scenario({"kind": "fixed", "batch_size": b, "timeout_ms": 50},
+                                        {"kind": "poisson", "rate_rps": 1500, "duration_s": 10},
+                                        slo_ms=slo))
+        if result is not None:
+            row = _row(f"batch {b}", result)
+            row["goodput req/s"] = fmt(result.summary["goodput_rps"])
+            rows.append(row)
+    for n in (1, 2, 4):
+        result = run_scenario(_scenario({"kind": "none"}, {"kind": "poisson", "rate_rps": 1500,
+                                                           "duration_s": 10},
+                                        replicas=n, slo_ms=slo, price_per_replica_hour=1.0))
+        if result is not None:
+            row = _row(f"{n} replica(s), no batching" if lang == "en"
+                       else f"{n} 个副本，不批处理", result)
+            row["goodput req/s"] = fmt(result.summary["goodput_rps"])
+            row["USD / million"] = fmt(result.summary["cost_per_million_usd"], 3)
+            rows.append(row)
+    _table(rows)
+
+
+def exp_metrics(lang: str) -> None:
+    load = st.slider("load as % of capacity" if lang == "en" else "负载占容量百分比", 30, 99, 90,
+                     key="l7-load")
+    capacity = 1 / load_profile("builtin:minilm-cpu").median_s(1)
+    rows = []
+    result = run_scenario(_scenario({"kind": "none"}, {"kind": "poisson",
+                                                       "rate_rps": capacity * load / 100,
+                                                       "duration_s": 300},
+                                    profile="builtin:minilm-cpu"))
+    if result is not None:
+        s = result.summary
+        rows.append({"mean ms": fmt(s["latency_ms"]["mean"]), "P95 ms": fmt(s["latency_ms"]["p95"]),
+                     "P99 ms": fmt(s["latency_ms"]["p99"]),
+                     "queue mean / max": f"{fmt(s['queue_len']['mean'])} / "
+                                         f"{fmt(s['queue_len']['max'], 0)}",
+                     "utilisation %": fmt(100 * s["utilization"])})
+    big = run_scenario(_scenario({"kind": "fixed", "batch_size": 64, "timeout_ms": 1000},
+                                 {"kind": "poisson", "rate_rps": 200, "duration_s": 20}))
+    _table(rows)
+    if big is not None:
+        st.markdown(("Mistake 2, batch too large: fixed batches of 64 at 200 req/s wait "
+                     if lang == "en" else "错误二，批次过大：在每秒 200 个请求时固定 64 的批次要等待 ")
+                    + f"**{fmt(big.summary['queue_ms']['mean'])} ms**"
+                    + (" on average before running." if lang == "en" else "（平均）才开始执行。"))
+
+
+def exp_exercises(lang: str) -> None:
+    with st.expander("one possible set of answers" if lang == "en" else "参考答案"):
+        st.markdown(ANSWERS[lang])
+
+
+ANSWERS = {
+    "en": ("1. Concurrency (many clients, replicas) decides how many requests are in the system; "
+           "batching decides how many the model runs per call. Lesson 5 shows both.\n"
+           "2. A low-latency product wants small batches (or a short max_wait) and enough "
+           "replicas; lesson 6 shows large batches missing a tight SLO.\n"
+           "3. P50/P95/P99 latency, throughput, error rate by cause, queue length, batch size "
+           "and batch utilisation, device utilisation.\n"
+           "4. Because every knob trades latency against throughput and cost: the knee in the "
+           "Compare page's load curves is where a little more load costs a lot of latency."),
+    "zh": ("1. 并发（客户端、副本数量）决定系统中同时有多少请求；批处理决定模型每次调用处理多少"
+           "请求。第 5 课同时展示两者。\n"
+           "2. 低延迟产品应使用小批次（或很短的最大等待时间）并配足副本；第 6 课显示大批次会错过"
+           "严格的延迟目标。\n"
+           "3. P50/P95/P99 延迟、吞吐量、按原因分类的错误率、队列长度、批大小与批利用率、设备"
+           "利用率。\n"
+           "4. 因为每个参数都在延迟、吞吐量和成本之间取舍：对比页负载曲线上的拐点处，多一点负载"
+           "就会带来大量延迟。"),
+}
+
+LESSONS: list[Lesson] = [
+    Lesson("serves",
+           {"en": "1. It runs is not it serves", "zh": "1. 能运行不等于能服务"},
+           {"en": "A benchmark of one request measures the model alone. In production requests "
+                  "arrive at random and wait for each other: the same model, fed a stream, shows "
+                  "a latency distribution whose tail grows quickly as the stream approaches the "
+                  "model's capacity.",
+            "zh": "单个请求的基准测试只衡量模型本身。生产环境中请求随机到达、相互等待：同一个模型"
+                  "面对请求流时，延迟呈分布，且当请求速率接近模型容量时尾部延迟迅速增长。"},
+           {"en": "At what rate does P99 reach five times the single-request latency?",
+            "zh": "请求速率达到多少时，P99 达到单个请求延迟的五倍？"},
+           exp_runs_vs_serves),
+    Lesson("latency-throughput",
+           {"en": "2. Latency vs throughput: batch 1, 8, 32", "zh": "2. 延迟与吞吐：批大小 1、8、32"},
+           {"en": "With batches the device does more work per call, so throughput rises; each "
+                  "request may wait for its batch, so latency can rise too. Below the knee small "
+                  "batches win on latency; above it only batching keeps up at all.",
+            "zh": "批处理让设备每次调用做更多工作，因此吞吐量上升；但请求可能要等待凑批，延迟也可能"
+                  "上升。拐点以下小批次延迟更低；拐点以上只有批处理才能跟上负载。"},
+           {"en": "Find the load where batch ≤ 1 stops keeping up. What does batch ≤ 32 cost at "
+                  "low load?", "zh": "找到批大小为 1 时跟不上负载的临界点。低负载时批大小 32 "
+                                     "付出了什么代价？"},
+           exp_latency_vs_throughput),
+    Lesson("why-batching",
+           {"en": "3. Why batching pays: per-item cost", "zh": "3. 为什么批处理划算：单条成本"},
+           {"en": "A batch shares fixed costs (kernel launches, weight reads, Python overhead) "
+                  "among its items, so the cost per item falls with batch size — on some "
+                  "hardware. These are real measurements: compare the MLP with MiniLM on one CPU "
+                  "thread, where padding to the longest sentence eats the gain.",
+            "zh": "一个批次中的各条请求分摊固定开销（内核启动、读取权重、Python 开销），所以单条成本"
+                  "随批大小下降——但只在部分硬件上成立。这些都是真实测量：比较单线程 CPU 上的 MLP "
+                  "与 MiniLM，后者按最长句子填充抵消了收益。"},
+           {"en": "Which model gains most from batching here, and why might a GPU differ?",
+            "zh": "哪个模型从批处理中获益最多？为什么在 GPU 上可能不同？"},
+           exp_why_batching),
+    Lesson("why-queues",
+           {"en": "4. Why queues: bursts", "zh": "4. 为什么需要队列：突发流量"},
+           {"en": "The same mean rate with burstier arrivals builds longer queues and longer "
+                  "tails. A queue bound trades waiting for rejections: the error rate rises, "
+                  "but the requests that are served stay fast.",
+            "zh": "平均速率相同但到达更突发时，队列更长、尾延迟更大。队列上限用拒绝换取等待："
+                  "错误率上升，但被服务的请求仍然快速。"},
+           {"en": "With CV 8, which bound keeps P99 under 20 ms, and what error rate does it "
+                  "cost?", "zh": "CV 为 8 时，多大的队列上限能让 P99 低于 20 毫秒？代价是多少"
+                                 "错误率？"},
+           exp_why_queues),
+    Lesson("concurrency",
+           {"en": "5. Concurrency is not batching", "zh": "5. 并发不等于批处理"},
+           {"en": "Concurrency lives in the scheduling layer: how many requests are in flight "
+                  "(clients, replicas). Batching lives in the model-execution layer: how many "
+                  "requests one forward pass serves. Closed-loop clients on four replicas "
+                  "without batching reach a throughput that one replica with batching can "
+                  "match.",
+            "zh": "并发属于调度层：系统中同时有多少请求（客户端、副本）。批处理属于模型执行层："
+                  "一次前向计算服务多少请求。四个副本、无批处理的闭环客户端所达到的吞吐量，"
+                  "一个使用批处理的副本也能达到。"},
+           {"en": "How many devices does each setup use for the same throughput?",
+            "zh": "达到相同吞吐量，两种方案各用了多少设备？"},
+           exp_concurrency_vs_batching),
+    Lesson("balance",
+           {"en": "6. The balance: SLO, batch size, replicas, cost",
+            "zh": "6. 平衡：延迟目标、批大小、副本与成本"},
+           {"en": "Under a low-latency SLO, large batches wait too long to fill and miss their "
+                  "deadlines: goodput (requests within the SLO) collapses while throughput "
+                  "looks fine. More replicas buy latency with money.",
+            "zh": "在低延迟目标下，大批次凑批时间过长而错过期限：有效吞吐（满足延迟目标的请求）"
+                  "崩溃，而吞吐量看起来正常。更多副本则是用金钱换延迟。"},
+           {"en": "Below which SLO does batch 32 lose to batch 4 on goodput? What does the "
+                  "cheapest replica count that holds it cost?",
+            "zh": "延迟目标低于多少时，批大小 32 的有效吞吐不如批大小 4？满足目标的最便宜副本数"
+                  "的成本是多少？"},
+           exp_balance),
+    Lesson("metrics",
+           {"en": "7. The metrics to watch and three common mistakes",
+            "zh": "7. 需要关注的指标与三个常见错误"},
+           {"en": "Mean latency hides the tail: watch P95/P99, queue length, batch utilisation, "
+                  "error rate and device utilisation together. Three mistakes: (1) trusting a "
+                  "single-request benchmark only (lesson 1); (2) a batch too large for the load; "
+                  "(3) not watching the queue and resources — at 90%+ utilisation the queue and "
+                  "the tail explode while the mean still looks acceptable.",
+            "zh": "平均延迟掩盖了尾部：要同时关注 P95/P99、队列长度、批利用率、错误率和设备利用率。"
+                  "三个常见错误：（1）只相信单请求基准（第 1 课）；（2）批次相对负载过大；（3）不监控"
+                  "队列与资源——利用率超过 90% 时，队列和尾延迟急剧增长，而平均值看起来仍可接受。"},
+           {"en": "At 95% load, how far apart are the mean and the P99?",
+            "zh": "负载为 95% 时，平均延迟与 P99 相差多少？"},
+           exp_metrics),
+    Lesson("exercises",
+           {"en": "8. Four exercises", "zh": "8. 四道练习"},
+           {"en": "1) Explain the difference between batching and concurrency, with numbers "
+                  "from lesson 5. 2) For a low-latency product, small or large batches? Show it "
+                  "in lesson 6 or the Compare page. 3) Write a minimal monitoring list for a "
+                  "model server. 4) Why is serving a balance rather than a single best setting?",
+            "zh": "1）用第 5 课的数据解释批处理与并发的区别。2）低延迟产品应选小批次还是大批次？在第"
+                  " 6 课或对比页中说明。3）为模型服务写一份最小监控清单。4）为什么模型服务是一种"
+                  "平衡，而不是存在单一最佳配置？"},
+           {"en": "Answer each with an experiment in this app.",
+            "zh": "请用本应用中的实验回答每一题。"},
+           exp_exercises),
+]

@@ -1,0 +1,101 @@
+"""Cached simulations and shared widgets for the dashboard pages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+import yaml
+
+import sim
+from calibration.profile import LatencyProfile, ProfileError, builtin_profiles
+from sim.scenario import ScenarioError
+
+MAX_REQUESTS = 200_000
+MAX_UPLOAD_BYTES = 2_000_000
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def simulate(scenario_json: str) -> sim.Result:
+    """Simulate a scenario (cached on its JSON text)."""
+    return sim.run(json.loads(scenario_json))
+
+
+def run_scenario(scenario: dict[str, Any]) -> sim.Result | None:
+    """Validate, cap and simulate; show errors in the page (never a traceback)."""
+    try:
+        validated = sim.load_scenario(scenario)
+    except (ScenarioError, ValueError) as exc:
+        st.error(f"Invalid scenario: {exc}")
+        return None
+    expected = estimated_requests(validated)
+    if expected > MAX_REQUESTS:
+        st.warning(f"This would simulate about {expected:,.0f} requests; the dashboard caps "
+                   f"runs at {MAX_REQUESTS:,}. Shorten the duration or lower the rate "
+                   "(or use `servelab simulate` for big runs).")
+        return None
+    try:
+        with st.spinner("simulating…"):
+            return simulate(json.dumps(validated.model_dump(mode="json"), sort_keys=True))
+    except (ProfileError, ValueError) as exc:
+        st.error(f"Could not simulate: {exc}")
+        return None
+
+
+def estimated_requests(scenario: sim.Scenario) -> float:
+    """Rough request count of a scenario (for the cap)."""
+    w = scenario.workload
+    n = getattr(w, "n_requests", None)
+    if n:
+        return float(n)
+    rate = getattr(w, "rate_rps", None) or (max(w.rates_rps) if hasattr(w, "rates_rps") else 0)
+    duration = getattr(w, "duration_s", None) or 0
+    if w.kind == "closed":
+        return float(duration) * 2000.0 / 10  # unknown: assume the cap is not hit
+    return float(rate) * float(duration)
+
+
+def parse_upload(data: bytes, name: str) -> Any:
+    """Parse an uploaded JSON or YAML file safely (size-limited, safe loaders only)."""
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise ValueError(f"{name}: {len(data):,} bytes; the limit is {MAX_UPLOAD_BYTES:,}")
+    text = data.decode("utf-8", errors="strict")
+    if name.endswith(".json"):
+        return json.loads(text)
+    return yaml.safe_load(text)
+
+
+def profile_choice(key: str, label: str = "latency profile") -> str | None:
+    """A profile picker: shipped profiles, or an uploaded JSON saved to a temp file."""
+    options = [f"builtin:{n}" for n in builtin_profiles()]
+    default = options.index("builtin:minilm-cpu") if "builtin:minilm-cpu" in options else 0
+    choice = st.selectbox(label, [*options, "upload…"], index=default, key=key)
+    if choice != "upload…":
+        return str(choice)
+    upload = st.file_uploader("profile JSON", type=["json"], key=f"{key}-upload")
+    if upload is None:
+        return None
+    try:
+        data = parse_upload(upload.getvalue(), upload.name)
+        LatencyProfile.from_dict(data, source=upload.name)
+    except (ValueError, ProfileError, UnicodeDecodeError) as exc:
+        st.error(f"Not a usable profile: {exc}")
+        return None
+    path = Path(st.session_state.setdefault("_tmpdir", _tmpdir())) / f"{key}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _tmpdir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="servelab-dash-")
+
+
+def fmt(value: float, digits: int = 1, unit: str = "") -> str:
+    """A number for a KPI card (– for NaN)."""
+    if value is None or value != value:
+        return "–"
+    return f"{value:,.{digits}f}{unit}"

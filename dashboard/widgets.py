@@ -1,0 +1,74 @@
+"""Scenario-building widgets shared by the Explore and Compare pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+POLICY_KINDS = ["none", "greedy", "fixed", "dynamic", "aimd", "slo"]
+WORKLOAD_KINDS = ["poisson", "gamma", "mmpp", "constant", "closed"]
+
+
+def policy_widgets(prefix: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Widgets for a policy; returns its scenario section."""
+    d = defaults or {}
+    kind = st.selectbox("policy", POLICY_KINDS, index=POLICY_KINDS.index(d.get("kind", "dynamic")),
+                        key=f"{prefix}-policy-kind")
+    policy: dict[str, Any] = {"kind": kind}
+    if kind in ("greedy", "dynamic", "aimd", "slo"):
+        policy["max_batch_size"] = st.slider("max batch size", 1, 64,
+                                             int(d.get("max_batch_size", 8)),
+                                             key=f"{prefix}-max-batch")
+    if kind == "fixed":
+        policy["batch_size"] = st.slider("batch size", 1, 64, int(d.get("batch_size", 8)),
+                                         key=f"{prefix}-batch")
+        policy["timeout_ms"] = st.number_input("flush a partial batch after (ms)", 0.0, 10_000.0,
+                                               float(d.get("timeout_ms", 20.0)),
+                                               key=f"{prefix}-timeout")
+    if kind == "dynamic":
+        policy["max_wait_ms"] = st.slider("max wait (ms)", 0.0, 100.0,
+                                          float(d.get("max_wait_ms", 5.0)), 0.5,
+                                          key=f"{prefix}-wait")
+        policy["timer"] = st.radio("timer starts", ["request", "first"], horizontal=True,
+                                   index=["request", "first"].index(d.get("timer", "request")),
+                                   key=f"{prefix}-timer",
+                                   help="request: from each request's enqueue (Triton); first: "
+                                        "from the first request taken (Ray Serve, TorchServe)")
+    if kind == "aimd":
+        policy["slo_ms"] = st.number_input("batch latency objective (ms)", 1.0, 10_000.0,
+                                           float(d.get("slo_ms", 100.0)), key=f"{prefix}-aimd")
+    return policy
+
+
+def workload_widgets(prefix: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Widgets for a workload; returns its scenario section."""
+    d = defaults or {}
+    kind = st.selectbox("arrivals", WORKLOAD_KINDS,
+                        index=WORKLOAD_KINDS.index(d.get("kind", "poisson")),
+                        key=f"{prefix}-workload-kind")
+    workload: dict[str, Any] = {"kind": kind,
+                                "duration_s": st.slider("duration (s)", 5, 600,
+                                                        int(d.get("duration_s", 60)),
+                                                        key=f"{prefix}-duration")}
+    if kind in ("poisson", "gamma", "constant"):
+        workload["rate_rps"] = st.number_input("rate (req/s)", 0.1, 100_000.0,
+                                               float(d.get("rate_rps", 40.0)),
+                                               key=f"{prefix}-rate")
+    if kind == "gamma":
+        workload["cv"] = st.slider("burstiness (CV of gaps)", 0.25, 8.0, float(d.get("cv", 2.0)),
+                                   0.25, key=f"{prefix}-cv")
+    if kind == "mmpp":
+        high = st.number_input("burst rate (req/s)", 0.1, 100_000.0,
+                               float(d.get("rates_rps", [100.0, 10.0])[0]), key=f"{prefix}-hi")
+        low = st.number_input("quiet rate (req/s)", 0.0, 100_000.0,
+                              float(d.get("rates_rps", [100.0, 10.0])[1]), key=f"{prefix}-lo")
+        dwell = st.slider("mean state duration (s)", 0.1, 30.0, 2.0, key=f"{prefix}-dwell")
+        workload.update({"rates_rps": [high, low], "mean_dwell_s": dwell})
+    if kind == "closed":
+        workload["clients"] = st.slider("clients", 1, 256, int(d.get("clients", 8)),
+                                        key=f"{prefix}-clients")
+        workload["think_ms"] = st.number_input("think time (ms)", 0.0, 60_000.0,
+                                               float(d.get("think_ms", 100.0)),
+                                               key=f"{prefix}-think")
+    return workload

@@ -1,0 +1,86 @@
+"""One AppTest per dashboard page: it renders without an exception and its numbers react."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest
+
+PAGES = Path(__file__).resolve().parents[2] / "dashboard" / "app_pages"
+TIMEOUT_S = 120
+
+
+def page(name: str) -> AppTest:
+    at = AppTest.from_file(str(PAGES / f"{name}.py"), default_timeout=TIMEOUT_S)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_explore_reacts_to_the_rate() -> None:
+    at = page("explore")
+    before = metrics(at)
+    assert before["throughput"].endswith("req/s") and "P99 latency" in before
+    assert len(at.get("plotly_chart")) == 6
+    at.number_input(key="explore-rate").set_value(55.0).run()
+    assert not at.exception
+    after = metrics(at)
+    assert after["throughput"] != before["throughput"]
+    assert after["P99 latency"] != before["P99 latency"]
+
+
+def test_explore_shows_bad_settings_in_the_page() -> None:
+    at = page("explore")
+    at.number_input(key="explore-rate").set_value(99_000.0).run()  # over the request cap
+    assert not at.exception
+    assert any("caps runs" in w.value for w in at.warning)
+
+
+def test_compare_reacts_to_a_policy_change() -> None:
+    at = page("compare")
+    table = at.dataframe[0].value
+    assert len(table) == 3
+    before = table["P99 (ms)"].tolist()
+    at.selectbox(key="cmp0-policy-kind").set_value("greedy").run()
+    assert not at.exception
+    assert at.dataframe[0].value["P99 (ms)"].tolist() != before
+    assert len(at.get("plotly_chart")) == 4
+
+
+def test_calibration_overlays_profiles() -> None:
+    at = page("profiles")
+    assert len(at.get("plotly_chart")) == 1
+    n_tables = len(at.dataframe)
+    at.multiselect(key="calibration-profiles").set_value(
+        ["builtin:minilm-cpu", "builtin:mlp-cpu", "builtin:cnn-cpu"]).run()
+    assert (not at.exception and len(at.dataframe) == 3 != n_tables) or len(at.dataframe) == 3
+
+
+def test_verify_shows_the_shipped_comparison() -> None:
+    at = page("verify")
+    assert len(at.dataframe) == 1 and len(at.get("plotly_chart")) >= 1
+    at.text_input(key="verify-dir").set_value("/nonexistent").run()
+    assert not at.exception and any("No compare.json" in e.value for e in at.error)
+
+
+def test_course_lessons_run_in_both_languages() -> None:
+    at = page("course")
+    lessons = at.selectbox(key="course-lesson").options
+    assert len(lessons) == 8
+    for title in lessons:
+        at.selectbox(key="course-lesson").set_value(title).run()
+        assert not at.exception, title
+    at.radio(key="course-lang").set_value("中文").run()
+    assert not at.exception and at.title[0].value == "课程"
+    first = at.selectbox(key="course-lesson").options[0]
+    at.selectbox(key="course-lesson").set_value(first).run()
+    before = metrics(at)
+    at.slider(key="l1-rate").set_value(60).run()
+    assert not at.exception and metrics(at) != before
