@@ -9,7 +9,7 @@ import sys
 def test_import_sim_and_simulate_without_torch() -> None:
     code = ("import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
             "import sim, servelab\n"
-            "r = sim.run('builtin:dyn-demo', overrides={'workload.duration_s': 5})\n"
+            "r = sim.run('builtin:dyn-demo', overrides={'workload.duration_s': 5, 'warmup_s': 0})\n"
             "assert r.summary['ok'] > 0\n"
             "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
