@@ -15,6 +15,7 @@ import streamlit as st
 
 from calibration.profile import load_profile
 from calibration.report import profile_figure
+from dashboard import figures
 from dashboard.state import fmt, run_scenario
 
 LANGS = {"English": "en", "中文": "zh"}
@@ -68,6 +69,10 @@ def exp_runs_vs_serves(lang: str) -> None:
                    fmt(result.summary["latency_ms"]["p50"], 1, " ms"))
     cols[2].metric("stream P99" if lang == "en" else "请求流 P99",
                    fmt(result.summary["latency_ms"]["p99"], 1, " ms"))
+    fig = figures.latency_cdf({("stream" if lang == "en" else "请求流"): result})
+    fig.add_vline(x=alone_ms, line_dash="dash",
+                  annotation_text="one request alone" if lang == "en" else "单个请求")
+    st.plotly_chart(fig)
 
 
 def exp_latency_vs_throughput(lang: str) -> None:

@@ -63,7 +63,7 @@ with right:
     if result is not None:
         s = result.summary
         cards = st.columns(5)
-        cards[0].metric("throughput", fmt(s["throughput_rps"], 1, " req/s"))
+        cards[0].metric("throughput (req/s)", fmt(s["throughput_rps"], 1))
         cards[1].metric("P50 latency", fmt(s["latency_ms"]["p50"], 1, " ms"))
         cards[2].metric("P95 latency", fmt(s["latency_ms"]["p95"], 1, " ms"))
         cards[3].metric("P99 latency", fmt(s["latency_ms"]["p99"], 1, " ms"))

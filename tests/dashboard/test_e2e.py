@@ -35,7 +35,7 @@ def test_every_page_renders_its_figures_in_chromium() -> None:
         pytest.skip("Debian chromium is not installed")
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "servelab.cli", "dashboard", "--port",
-                               str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 60
         while True:
