@@ -67,11 +67,13 @@ def parse_upload(data: bytes, name: str) -> Any:
     return yaml.safe_load(text)
 
 
-def profile_choice(key: str, label: str = "latency profile") -> str | None:
+def profile_choice(key: str, label: str = "latency profile",
+                   default: str | None = None) -> str | None:
     """A profile picker: shipped profiles, or an uploaded JSON saved to a temp file."""
     options = [f"builtin:{n}" for n in builtin_profiles()]
-    default = options.index("builtin:minilm-cpu") if "builtin:minilm-cpu" in options else 0
-    choice = st.selectbox(label, [*options, "upload…"], index=default, key=key)
+    wanted = default if default in options else "builtin:minilm-cpu"
+    index = options.index(wanted) if wanted in options else 0
+    choice = st.selectbox(label, [*options, "upload…"], index=index, key=key)
     if choice != "upload…":
         return str(choice)
     upload = st.file_uploader("profile JSON", type=["json"], key=f"{key}-upload")

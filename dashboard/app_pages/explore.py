@@ -27,7 +27,8 @@ if restore is not None:
 
 left, right = st.columns([1, 3])
 with left:
-    profile = profile_choice("explore-profile")
+    profile = profile_choice("explore-profile",
+                             default=(loaded.get("service") or {}).get("path"))
     workload = workload_widgets("explore", loaded.get("workload"))
     policy = policy_widgets("explore", loaded.get("policy"))
     with st.expander("queue, replicas, SLO"):
@@ -39,8 +40,11 @@ with left:
                                   key="explore-timeout")
         replicas = st.slider("replicas", 1, 32, int(loaded.get("replicas", 1)),
                              key="explore-replicas")
-        routing = st.selectbox("routing", ["shared", "round_robin", "random", "jsq", "p2c",
-                                           "least_work"], key="explore-routing")
+        routings = ["shared", "round_robin", "random", "jsq", "p2c", "least_work"]
+        routing = st.selectbox("routing", routings,
+                               index=routings.index(loaded.get("routing", "shared"))
+                               if loaded.get("routing", "shared") in routings else 0,
+                               key="explore-routing")
         slo_ms = st.number_input("SLO (ms)", 1.0, 600_000.0, float(loaded.get("slo_ms") or 250),
                                  key="explore-slo")
         seed = st.number_input("seed", 0, 1_000_000, int(loaded.get("seed", 7)),
