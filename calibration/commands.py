@@ -30,7 +30,9 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 def run_calibration(*, model: str, device: str, dtype: str, threads: int | None,
                     batch_sizes: str, reps: int, warmup: int, seed: int, compile: bool,
-                    params: list[str], out: Path, console: Console) -> LatencyProfile | None:
+                    params: list[str], out: Path, console: Console, cold_idle_ms: float = 0.0,
+                    cold_reps: int | None = None,
+                    cold_after_ms: float = 10.0) -> LatencyProfile | None:
     """Build the runner, sweep with a progress bar, write profile + report (also on Ctrl-C)."""
     sizes = parse_batch_sizes(batch_sizes)
     runner = build_runner(model, device=device, dtype=dtype, threads=threads, compile=compile,
@@ -48,7 +50,9 @@ def run_calibration(*, model: str, device: str, dtype: str, threads: int | None,
         def step(done: int, total: int, size: int) -> None:
             bar.update(task, completed=done, total=total, description=f"batch {size:>4}")
 
-        result = calibrate(runner, sizes, reps=reps, warmup=warmup, seed=seed, progress=step)
+        result = calibrate(runner, sizes, reps=reps, warmup=warmup, seed=seed, progress=step,
+                           cold_idle_s=cold_idle_ms / 1e3, cold_reps=cold_reps,
+                           cold_after_s=cold_after_ms / 1e3)
     for size, why in result.infeasible.items():
         console.print(f"[yellow]batch size {size} infeasible:[/] {why}")
     if result.profile is None:

@@ -109,7 +109,8 @@ def _peak_memory(device: str) -> tuple[Callable[[], None], Callable[[], int | No
 
 def calibrate(runner: ModelRunner, batch_sizes: Sequence[int], *, reps: int = DEFAULT_REPS,
               warmup: int = DEFAULT_WARMUP, seed: int = 0,
-              progress: Progress | None = None) -> Calibration:
+              progress: Progress | None = None, cold_idle_s: float = 0.0,
+              cold_reps: int | None = None, cold_after_s: float = 0.01) -> Calibration:
     """Measure ``runner`` at each batch size (see the module docstring for the method).
 
     Args:
@@ -119,6 +120,11 @@ def calibrate(runner: ModelRunner, batch_sizes: Sequence[int], *, reps: int = DE
         warmup: Untimed runs per size before timing.
         seed: Seeds the payloads and the shuffled order.
         progress: Called after each timed run with (done, total, batch size).
+        cold_idle_s: When > 0, also time ``cold_reps`` runs per size each after this idle
+            gap ("cold" samples: on CPUs a model runs slower after idling); the simulator
+            draws from them for batches that start after at least ``cold_after_s`` of idle.
+        cold_reps: Cold runs per size (default: half of ``reps``, at least 5).
+        cold_after_s: The idle time from which the simulator treats a batch as cold.
     """
     if reps < 1:
         raise CalibrationError(f"--reps {reps}: must be >= 1")
@@ -150,6 +156,12 @@ def calibrate(runner: ModelRunner, batch_sizes: Sequence[int], *, reps: int = DE
     order = [(size, rep) for size in feasible for rep in range(reps)]
     random.Random(seed).shuffle(order)
     samples: dict[int, list[float]] = {size: [] for size in feasible}
+    cold: dict[int, list[float]] = {size: [] for size in feasible}
+    n_cold = max(5, reps // 2) if cold_reps is None else cold_reps
+    cold_order = [(size, rep) for size in feasible for rep in range(n_cold)] \
+        if cold_idle_s > 0 else []
+    random.Random(seed + 1).shuffle(cold_order)
+    total = len(order) + len(cold_order)
     interrupted = False
     done = 0
     try:
@@ -168,7 +180,19 @@ def calibrate(runner: ModelRunner, batch_sizes: Sequence[int], *, reps: int = DE
             samples[size].append((time.perf_counter_ns() - start) / 1e9)
             done += 1
             if progress is not None:
-                progress(done, len(order), size)
+                progress(done, total, size)
+        for size, _ in cold_order:
+            if size in infeasible:
+                continue
+            payloads = runner.payloads(size, rng)
+            time.sleep(cold_idle_s)
+            synchronize(runner.device)
+            start = time.perf_counter_ns()
+            runner.run_batch(payloads)
+            cold[size].append((time.perf_counter_ns() - start) / 1e9)
+            done += 1
+            if progress is not None:
+                progress(done, total, size)
     except KeyboardInterrupt:
         interrupted = True
     measured = {b: np.array(v) for b, v in samples.items() if v}
@@ -190,9 +214,14 @@ def calibrate(runner: ModelRunner, batch_sizes: Sequence[int], *, reps: int = DE
         "interrupted": interrupted,
         "elapsed_s": round(elapsed, 3),
     }
+    cold_measured = {b: np.array(v) for b, v in cold.items() if v and b in measured}
+    if cold_measured:
+        meta["cold"] = {"idle_ms": cold_idle_s * 1e3, "after_ms": cold_after_s * 1e3,
+                        "reps": n_cold}
     medians = {b: float(np.median(v)) for b, v in measured.items()}
     meta["fit"] = fit_curve(list(medians), list(medians.values()))
     profile = LatencyProfile(samples_s=measured, model=dict(info.get("model", {})),
+                             cold_samples_s=cold_measured,
                              device=dict(info.get("device", {})), meta=meta)
     return Calibration(profile, infeasible, peaks, elapsed, interrupted)
 

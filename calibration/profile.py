@@ -47,6 +47,7 @@ class LatencyProfile:
 
     samples_s: dict[int, np.ndarray]
     model: dict[str, Any] = field(default_factory=dict)
+    cold_samples_s: dict[int, np.ndarray] = field(default_factory=dict)
     device: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     extrapolate: bool = False
@@ -64,6 +65,13 @@ class LatencyProfile:
                 raise ProfileError(f"profile.samples[{size}]: samples must be finite and > 0 s")
         ordered = {int(b): np.sort(np.asarray(s, dtype=float)) for b, s in self.samples_s.items()}
         object.__setattr__(self, "samples_s", dict(sorted(ordered.items())))
+        cold = {int(b): np.sort(np.asarray(s, dtype=float))
+                for b, s in self.cold_samples_s.items() if len(s)}
+        for size, arr in cold.items():
+            if size not in ordered or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+                raise ProfileError(f"profile.cold_samples_s[{size}]: needs positive samples at a "
+                                   "batch size that also has warm samples")
+        object.__setattr__(self, "cold_samples_s", dict(sorted(cold.items())))
         sizes = np.array(list(self.samples_s), dtype=float)
         medians = np.array([float(np.median(s)) for s in self.samples_s.values()])
         object.__setattr__(self, "_sizes", sizes)
@@ -114,10 +122,25 @@ class LatencyProfile:
         samples = self.samples_s[base]
         return float(samples[int(rng.integers(samples.size))]) * scale
 
-    def scaled_samples_s(self, batch_size: float) -> np.ndarray:
-        """The sorted samples used for ``batch_size`` (nearest measured size, scaled)."""
+    def scaled_samples_s(self, batch_size: float, cold: bool = False) -> np.ndarray:
+        """The sorted samples used for ``batch_size`` (nearest measured size, scaled).
+
+        With ``cold=True`` and cold samples in the profile (measured after an idle gap, see
+        ``cold_after_s``), the nearest size measured cold, scaled by the warm medians' ratio.
+        """
+        if cold and self.cold_samples_s:
+            sizes = np.array(list(self.cold_samples_s), dtype=float)
+            base = int(sizes[int(np.argmin(np.abs(sizes - float(batch_size))))])
+            return self.cold_samples_s[base] * (self.median_s(batch_size) / self.median_s(base))
         base, scale = self._nearest(batch_size)
         return self.samples_s[base] * scale
+
+    @property
+    def cold_after_s(self) -> float:
+        """Idle time after which a batch counts as cold (inf when no cold samples)."""
+        if not self.cold_samples_s:
+            return math.inf
+        return float((self.meta.get("cold") or {}).get("after_ms", 10.0)) / 1e3
 
     # -- internals ---------------------------------------------------------------------------
     def _nearest(self, batch_size: float) -> tuple[int, float]:
@@ -161,6 +184,9 @@ class LatencyProfile:
             "batch_sizes": self.batch_sizes,
             "samples_s": {str(b): [round(float(x), 9) for x in s]
                           for b, s in self.samples_s.items()},
+            **({"cold_samples_s": {str(b): [round(float(x), 9) for x in s]
+                                   for b, s in self.cold_samples_s.items()}}
+               if self.cold_samples_s else {}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -197,11 +223,21 @@ class LatencyProfile:
         if listed is not None and sorted(int(b) for b in listed) != sorted(samples):
             missing = sorted({int(b) for b in listed} - set(samples))
             raise ProfileError(f"{source}: batch_sizes {missing} listed but have no samples_s")
+        cold_raw = data.get("cold_samples_s") or {}
+        if not isinstance(cold_raw, dict):
+            raise ProfileError(f"{source}: cold_samples_s must map batch sizes to lists")
+        cold: dict[int, np.ndarray] = {}
+        for key, values in cold_raw.items():
+            if not str(key).isdigit() or not isinstance(values, list):
+                raise ProfileError(f"{source}: cold_samples_s[{key!r}] must be a list of seconds")
+            cold[int(key)] = np.asarray(values, dtype=float)
         meta = {k: v for k, v in data.items()
-                if k not in {"schema_version", "model", "device", "batch_sizes", "samples_s"}}
+                if k not in {"schema_version", "model", "device", "batch_sizes", "samples_s",
+                             "cold_samples_s"}}
         try:
             return cls(samples_s=samples, model=dict(data.get("model") or {}),
-                       device=dict(data.get("device") or {}), meta=meta, extrapolate=extrapolate)
+                       cold_samples_s=cold, device=dict(data.get("device") or {}), meta=meta,
+                       extrapolate=extrapolate)
         except ProfileError as exc:
             raise ProfileError(f"{source}: {exc}") from None
 

@@ -99,6 +99,12 @@ def calibrate(
         help="Runner parameter KEY=VALUE, e.g. --param width=512 (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")] = Path(
         "profiles/profile.json"),
+    cold_idle_ms: Annotated[float, typer.Option(
+        help="Also measure 'cold' runs, each after this idle gap (0: off).")] = 0.0,
+    cold_reps: Annotated[int | None, typer.Option(
+        help="Cold runs per batch size (default: half of --reps).")] = None,
+    cold_after_ms: Annotated[float, typer.Option(
+        help="The simulator treats a batch as cold after this much replica idle time.")] = 10.0,
 ) -> None:
     """Measure a model's batched latency curve; write the profile JSON and an HTML report."""
     from calibration.commands import run_calibration
@@ -106,7 +112,9 @@ def calibrate(
     try:
         run_calibration(model=model, device=device, dtype=dtype, threads=threads,
                         batch_sizes=batch_sizes, reps=reps, warmup=warmup, seed=seed,
-                        compile=compile_, params=param or [], out=out, console=console)
+                        compile=compile_, params=param or [], out=out, console=console,
+                        cold_idle_ms=cold_idle_ms, cold_reps=cold_reps,
+                        cold_after_ms=cold_after_ms)
     except USER_ERRORS as exc:
         fail(str(exc))
 

@@ -33,6 +33,7 @@ class SimPyDriver:
         n = core.n_replicas
         self._wake_token = [0] * n
         self._wake_at_s = [math.nan] * n
+        self._idle_since_s = [0.0] * n  # when each replica last became idle
 
     def run(self) -> float:
         """Simulate until no event is left; return the final simulated time (s)."""
@@ -68,7 +69,9 @@ class SimPyDriver:
                 return
             self._wake_token[replica] += 1
             self._wake_at_s[replica] = math.nan
-            service_s = self.service.sample_s(batch.items)
+            first = core.running[replica] == 1  # this batch ends an idle period
+            idle_s = now_s - self._idle_since_s[replica] if first else 0.0
+            service_s = self.service.sample_s(batch.items, idle_s)
             event = env.timeout(service_s, (batch, service_s))
             event.callbacks.append(self._on_done)
 
@@ -91,6 +94,8 @@ class SimPyDriver:
         now_s = self.env.now
         core = self.core
         core.finish(batch, now_s, service_s)
+        if core.running[batch.replica] == 0:
+            self._idle_since_s[batch.replica] = now_s
         touched = core.admit_until(now_s)
         self._consult(batch.replica, now_s)
         if touched:

@@ -26,8 +26,10 @@ _BLOCK = 8192
 class ServiceModel(Protocol):
     """What the simulator needs from a service-time model."""
 
-    def sample_s(self, items: int) -> float:
-        """One service time for a batch of ``items`` items, in seconds."""
+    def sample_s(self, items: int, idle_s: float = 0.0) -> float:
+        """One service time for a batch of ``items`` items, in seconds; ``idle_s`` is how
+        long the replica was idle before this batch (0 when it follows another at once).
+        """
         ...
 
     def median_s(self, items: int) -> float:
@@ -75,7 +77,7 @@ class ConstantService:
     def __repr__(self) -> str:
         return f"ConstantService(ms={self.s * 1e3:g})"
 
-    def sample_s(self, items: int) -> float:
+    def sample_s(self, items: int, idle_s: float = 0.0) -> float:
         """The constant."""
         return self.s
 
@@ -117,7 +119,7 @@ class GammaService:
     def __repr__(self) -> str:
         return f"GammaService(mean_ms={self.mean_s_ * 1e3:g}, cv={self.cv:g})"
 
-    def sample_s(self, items: int) -> float:
+    def sample_s(self, items: int, idle_s: float = 0.0) -> float:
         """One draw (independent of the batch size)."""
         return self._median_s if self.deterministic else self._stream.next()
 
@@ -168,7 +170,7 @@ class LinearService:
         """Median batch time."""
         return self.mean_s(items) * self._median_factor
 
-    def sample_s(self, items: int) -> float:
+    def sample_s(self, items: int, idle_s: float = 0.0) -> float:
         """One draw."""
         if self.deterministic:
             return self.median_s(items)
@@ -185,6 +187,8 @@ class ProfileService:
         gen = rng if rng is not None else np.random.default_rng(0)
         self._uniform = _Stream(gen.random)
         self._samples: dict[int, list[float]] = {}
+        self._cold: dict[int, list[float]] = {}
+        self.cold_after_s = profile.cold_after_s
 
     def __repr__(self) -> str:
         return f"ProfileService(profile={self.profile.name!r})"
@@ -196,11 +200,18 @@ class ProfileService:
             self._samples[items] = table
         return table
 
-    def sample_s(self, items: int) -> float:
-        """One bootstrap draw."""
+    def sample_s(self, items: int, idle_s: float = 0.0) -> float:
+        """One bootstrap draw; from the cold samples when the replica idled at least the
+        profile's ``cold_after_s`` before this batch (profiles measured with idle gaps).
+        """
         if self.deterministic:
             return self.profile.median_s(items)
-        table = self._table(items)
+        if idle_s >= self.cold_after_s:
+            table = self._cold.get(items)
+            if table is None:
+                table = self._cold[items] = self.profile.scaled_samples_s(items, cold=True).tolist()
+        else:
+            table = self._table(items)
         return table[int(self._uniform.next() * len(table))]
 
     def median_s(self, items: int) -> float:
