@@ -104,11 +104,13 @@ def set_threads(threads: int | None) -> int:
 
 
 def synchronize(device: str) -> None:
-    """Wait for queued device work (no-op on CPU)."""
+    """Wait for the work queued on the current CUDA stream (no-op on CPU). The live executor
+    gives each replica its own stream, so one replica never waits for another's batch.
+    """
     if device.startswith("cuda"):
         import torch
 
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 def is_oom(exc: BaseException) -> bool:

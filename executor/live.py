@@ -77,17 +77,33 @@ class _Worker(threading.Thread):
     """Runs one replica's batches on the model, one at a time."""
 
     def __init__(self, replica: int, runner: ModelRunner, inbox: queue.Queue[Any],
-                 start_s: float, seed: int, health: Health) -> None:
+                 start_s: float, seed: int, health: Health, own_stream: bool = True) -> None:
         super().__init__(name=f"replica-{replica}", daemon=True)
         self.jobs: queue.Queue[Batch | None] = queue.Queue()
         self.runner, self.inbox, self.start_s = runner, inbox, start_s
         self.rng = np.random.default_rng(seed)
         self.health = health
+        self.own_stream = own_stream
 
     def run(self) -> None:
         prepare = getattr(self.runner, "prepare_thread", None)
         if prepare is not None:
             prepare()
+        with self._stream_context():
+            self._loop()
+
+    def _stream_context(self) -> Any:
+        """On CUDA, run this replica's batches on its own stream (``cuda_streams``)."""
+        import contextlib
+
+        device = str(getattr(self.runner, "device", "cpu"))
+        if not (self.own_stream and device.startswith("cuda")):
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.cuda.stream(torch.cuda.Stream(device=device))  # type: ignore[no-untyped-call]
+
+    def _loop(self) -> None:
         while True:
             batch = self.jobs.get()
             if batch is None:
@@ -109,7 +125,7 @@ class LiveDriver:
 
     def __init__(self, core: ServingCore, runners: Sequence[ModelRunner], *,
                  batch_timeout_s: float | None = None, seed: int = 0,
-                 drain_timeout_s: float = 30.0) -> None:
+                 drain_timeout_s: float = 30.0, stream_per_replica: bool = True) -> None:
         if len(runners) != core.n_replicas:
             raise ValueError(f"need one runner per replica ({core.n_replicas}), "
                              f"got {len(runners)}")
@@ -118,6 +134,7 @@ class LiveDriver:
         self.batch_timeout_s = batch_timeout_s
         self.seed = seed
         self.drain_timeout_s = drain_timeout_s
+        self.stream_per_replica = stream_per_replica
         self.health = Health()
         self._inbox: queue.Queue[_Done] = queue.Queue()
         self._stop = threading.Event()
@@ -144,7 +161,8 @@ class LiveDriver:
         core = self.core
         self.start_perf = time.perf_counter()
         workers = [_Worker(r, runner, self._inbox, self.start_perf, self.seed * 1000 + r,
-                           self.health) for r, runner in enumerate(self.runners)]
+                           self.health, self.stream_per_replica)
+                   for r, runner in enumerate(self.runners)]
         for w in workers:
             w.start()
         self._workers = workers

@@ -67,9 +67,11 @@ def model_spec(scenario: Scenario) -> dict[str, Any]:
 def default_runners(scenario: Scenario) -> list[ModelRunner]:
     """One runner per replica, built from :func:`model_spec` (weights shared is not assumed)."""
     spec = model_spec(scenario)
+    devices = spec.get("device", "auto")
+    device_list = devices if isinstance(devices, list) and devices else [devices]
     runners = []
-    for _ in range(scenario.replicas):
-        runner = build_runner(spec["name"], device=spec.get("device", "auto"),
+    for replica in range(scenario.replicas):
+        runner = build_runner(spec["name"], device=str(device_list[replica % len(device_list)]),
                               dtype=spec.get("dtype", "fp32"), threads=spec.get("threads"),
                               params=spec.get("params") or {})
         runners.append(runner)
@@ -126,7 +128,9 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     for note in warnings:
         LOG.warning("calibration mismatch: %s", note)
     core = build_core(scn, streams, estimate)
-    driver = LiveDriver(core, runner_list, batch_timeout_s=batch_timeout_s, seed=scn.seed)
+    streams_per_replica = scn.model is None or scn.model.cuda_streams == "per_replica"
+    driver = LiveDriver(core, runner_list, batch_timeout_s=batch_timeout_s, seed=scn.seed,
+                        stream_per_replica=streams_per_replica)
     if on_driver is not None:
         on_driver(driver)
     previous = None

@@ -235,8 +235,9 @@ class ModelCfg(_Strict):
 
     name: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
-    device: str | None = None
+    device: str | list[str] | None = None  # a list: replica r runs on device[r % len]
     dtype: Literal["fp32", "fp16", "bf16"] | None = None
+    cuda_streams: Literal["per_replica", "default"] = "per_replica"
     threads: int | None = Field(None, ge=1)
 
 

@@ -127,3 +127,16 @@ def test_live_smoke_with_the_real_mlp(tmp_path) -> None:
     assert 0 < s["utilization"] < 1 and s["latency_ms"]["p50"] < 50
     out = result.write(tmp_path / "live")
     assert '"driver": "live"' in (out / "meta.json").read_text()
+
+
+def test_replicas_can_be_placed_on_a_list_of_devices() -> None:
+    pytest.importorskip("torch")
+    from executor.run import default_runners
+    from sim.scenario import load_scenario
+
+    scn = load_scenario({**PARITY, "replicas": 3,
+                         "model": {"name": "mlp", "device": ["cpu", "cpu"], "threads": 1,
+                                   "params": {"width": 8, "depth": 1, "in_features": 4}}})
+    runners = default_runners(scn)
+    assert len(runners) == 3 and {r.device for r in runners} == {"cpu"}
+    assert runners[0] is not runners[1]
