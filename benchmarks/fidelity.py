@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +157,6 @@ def main() -> None:
                                                     f"-{args.model}")
     (RESULTS / f"{name}.md").write_text(text)
     frame.to_csv(RESULTS / f"{name}.csv", index=False)
-    _ = np
 
 
 if __name__ == "__main__":

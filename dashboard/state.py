@@ -53,7 +53,7 @@ def estimated_requests(scenario: sim.Scenario) -> float:
     rate = getattr(w, "rate_rps", None) or (max(w.rates_rps) if hasattr(w, "rates_rps") else 0)
     duration = getattr(w, "duration_s", None) or 0
     if w.kind == "closed":
-        return float(duration) * 2000.0 / 10  # unknown: assume the cap is not hit
+        return 0.0  # set by the clients' round trips; not known before running
     return float(rate) * float(duration)
 
 

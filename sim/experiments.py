@@ -260,7 +260,6 @@ def confidence_table(frame: pd.DataFrame, metrics: Sequence[str] | None = None,
                and c not in ("seed",)]
     cols = list(metrics) if metrics else numeric
     out = []
-    n = len(frame)
     for col in cols:
         values = frame[col].to_numpy(dtype=float)
         values = values[np.isfinite(values)]
@@ -270,7 +269,6 @@ def confidence_table(frame: pd.DataFrame, metrics: Sequence[str] | None = None,
         half = _t_quantile(0.5 + confidence / 2, k - 1) * sd / math.sqrt(k) if k > 1 else math.nan
         out.append({"metric": col, "n": k, "mean": mean, "std": sd, "ci_low": mean - half,
                     "ci_high": mean + half, "confidence": confidence})
-    _ = n
     return pd.DataFrame(out).set_index("metric")
 
 

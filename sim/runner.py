@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from sim.build import (
@@ -123,10 +122,3 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
                                                    if sim_wall_s > 0 else math.nan)})
     return Result(scn, summary, requests, batches, queue, meta)
 
-
-def simulate_summary(scenario: Scenario) -> dict[str, Any]:
-    """Summary only (helper for sweeps)."""
-    return run(scenario).summary
-
-
-_ = np  # numpy is part of the public types of Result tables

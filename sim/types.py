@@ -6,7 +6,7 @@ Seconds everywhere. This module imports neither simpy nor torch, so policies can
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -163,12 +163,3 @@ class ServiceEstimate(Protocol):
         """Estimated service time in seconds."""
         ...
 
-
-def take_prefix(queue: QueueView, k: int) -> tuple[int, ...]:
-    """The first ``k`` ids of ``queue`` as a dispatch tuple."""
-    return tuple(queue.ids(k))
-
-
-def batch_items(queue: QueueView, ids: Sequence[int]) -> int:
-    """Total items of the given queued requests."""
-    return sum(queue.size(i) for i in ids)
