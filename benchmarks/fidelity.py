@@ -2,9 +2,12 @@
 
 For each policy and target utilisation ρ (the rate is found by bisection on the simulator),
 simulate, run live ``--repeats`` times, and report the relative error of throughput, P50,
-P99, mean batch size and utilisation next to ρ and the live run-to-run spread. Then, in the
-same run, executor efficiency at saturation (greedy, max batch B, arrivals far above
-capacity): live throughput / (B / calibrated median latency(B)), and the dispatch overhead
+P99, mean batch size and utilisation next to ρ and the live run-to-run spread. By default each
+live run is bracketed by device probes and predicted on the profile rescaled to them
+(``compare``'s probe); the stored profile's errors are reported next to them (``--no-probe``
+turns probing off). Then, in the same run, executor efficiency at saturation (greedy, max
+batch B, arrivals far above capacity): live throughput / (B / median latency(B)) with the
+latency from the stored profile and from a probe taken just before, and the dispatch overhead
 per batch (decide + bookkeeping, excluding the model).
 
 Usage: python benchmarks/fidelity.py [--model minilm] [--seconds 10] [--repeats 3]
@@ -27,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from calibration.profile import load_profile  # noqa: E402
-from executor.compare import compare, rate_for_utilization  # noqa: E402
+from executor.compare import compare, probed_scenario, rate_for_utilization  # noqa: E402
+from executor.probe import probe  # noqa: E402
 from executor.run import default_runners, live  # noqa: E402
 from sim.scenario import load_scenario  # noqa: E402
 
@@ -52,9 +56,13 @@ def base_scenario(profile: str, policy: dict, seconds: float, slo_ms: float) -> 
 
 
 def efficiency(profile_ref: str, runners: list, batch: int, seconds: float) -> dict:
-    """Live throughput at saturation vs the calibrated capacity B / median(B)."""
+    """Live throughput at saturation vs the capacity B / median(B), median from the stored
+    profile and from a probe of the device just before the run.
+    """
     profile = load_profile(profile_ref)
     capacity = batch / profile.median_s(batch)
+    probed_capacity = batch / probe(runners[0], profile, [batch], budget_s=3.0).busy_median_s[
+        batch]
     cfg = {"name": "saturation", "seed": 3, "service": {"kind": "profile", "path": profile_ref},
            "workload": {"kind": "constant", "rate_rps": capacity * 3, "duration_s": seconds},
            "policy": {"kind": "greedy", "max_batch_size": batch}, "warmup_s": seconds / 4}
@@ -67,7 +75,8 @@ def efficiency(profile_ref: str, runners: list, batch: int, seconds: float) -> d
     live_rate = served / busy_s if busy_s > 0 else math.nan
     health = result.summary["executor_health"]
     return {"batch": batch, "calibrated_capacity_rps": capacity, "live_rps": live_rate,
-            "efficiency": live_rate / capacity,
+            "efficiency": live_rate / capacity, "probed_capacity_rps": probed_capacity,
+            "probed_efficiency": live_rate / probed_capacity,
             "dispatch_overhead_p50_ms": health["dispatch_overhead_ms"]["p50"],
             "dispatch_overhead_p99_ms": health["dispatch_overhead_ms"]["p99"],
             "handoff_p50_ms": health["handoff_ms"]["p50"],
@@ -84,6 +93,7 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--slo-ms", type=float, default=None)
     ap.add_argument("--out", default=None, help="result name (default fidelity-<device>)")
+    ap.add_argument("--no-probe", action="store_true", help="predict from the stored profile")
     args = ap.parse_args()
     profile_ref = f"builtin:{args.model}-{args.device}"
     profile = load_profile(profile_ref)
@@ -98,14 +108,20 @@ def main() -> None:
         scn = load_scenario(base_scenario(profile_ref, POLICIES[name], args.seconds, slo_ms))
         if runners is None:
             runners = default_runners(scn)
+        rate_scn = scn if args.no_probe else probed_scenario(
+            scn, runners, work / name / "rate-probe-profile.json")
         for rho in rhos:
-            rate = rate_for_utilization(scn, rho)
+            rate = rate_for_utilization(rate_scn, rho)
             sub = load_scenario(scn, {"workload.rate_rps": rate})
             data = compare(sub, work / name / f"rho-{rho:g}", repeats=args.repeats,
-                           runners=runners)
+                           runners=runners, probe_device=not args.no_probe)
             by = {r["metric"]: r for r in data["rows"]}
+            drifts = [p["drift"] for p in data["probes"]]
             row = {"policy": name, "target_rho": rho, "rate_rps": rate,
-                   "sim_rho": data["rho"]}
+                   "sim_rho": data["rho"],
+                   "max_abs_drift": max((abs(d) for d in drifts), default=math.nan),
+                   "probe_ratio_1": (sum(p["ratio_by_size"]["1"] for p in data["probes"])
+                                     / len(drifts) if drifts else math.nan)}
             for key in KEYS:
                 r = by[key]
                 row[f"{key}:sim"] = r["sim"]
@@ -113,9 +129,12 @@ def main() -> None:
                 row[f"{key}:err"] = r["rel_error"]
                 row[f"{key}:spread"] = r["live_spread_rel"]
                 row[f"{key}:within"] = r["within_spread"]
+                row[f"{key}:err_stored"] = r.get("rel_error_stored", r["rel_error"])
             rows.append(row)
             print(f"{name:16s} rho={rho:.1f} rate={rate:7.2f}  "
-                  + "  ".join(f"{k}={100 * row[k + ':err']:+.1f}%" for k in KEYS), flush=True)
+                  + "  ".join(f"{k}={100 * row[k + ':err']:+.1f}%" for k in KEYS)
+                  + f"  (stored P50 {100 * row['latency_ms.p50:err_stored']:+.1f}%, "
+                  f"drift {100 * row['max_abs_drift']:.1f}%)", flush=True)
     frame = pd.DataFrame(rows)
     eff = efficiency(profile_ref, runners or [], 8, max(args.seconds, 8))
     elapsed = time.perf_counter() - t0
@@ -126,28 +145,51 @@ def main() -> None:
              f"{args.repeats} repeats; SLO {slo_ms:.0f} ms (slo policy); benchmark took "
              f"{elapsed / 60:.1f} min.", "",
              "Relative error = (sim − live median) / live median; spread = (live max − min) / "
-             "live median over the repeats.", "",
+             "live median over the repeats. "
+             + ("Errors are of the prediction on the profile rescaled by the probes around "
+                "each live run; 'stored' columns: the same live runs against the stored "
+                "profile; drift: the largest change of device speed between the probes before "
+                "and after one live run; probe ratio: device speed at batch 1 relative to the "
+                "stored profile." if not args.no_probe else "Probing off."), "",
              "| policy | ρ target | rate req/s | thr err | P50 err | P99 err | P99 spread | "
-             "batch err | util err |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "P99 in spread | batch err | util err | P50 err stored | P99 err stored | "
+             "drift | probe ratio |",
+             "|---|---:|---:|---:|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['policy']} | {r['target_rho']:.1f} | {r['rate_rps']:.2f} | "
             f"{100 * r['throughput_rps:err']:+.1f}% | {100 * r['latency_ms.p50:err']:+.1f}% | "
             f"{100 * r['latency_ms.p99:err']:+.1f}% | {100 * r['latency_ms.p99:spread']:.1f}% | "
-            f"{100 * r['mean_batch_size:err']:+.1f}% | {100 * r['utilization:err']:+.1f}% |")
+            f"{'yes' if r['latency_ms.p99:within'] else 'no'} | "
+            f"{100 * r['mean_batch_size:err']:+.1f}% | {100 * r['utilization:err']:+.1f}% | "
+            f"{100 * r['latency_ms.p50:err_stored']:+.1f}% | "
+            f"{100 * r['latency_ms.p99:err_stored']:+.1f}% | {100 * r['max_abs_drift']:.1f}% | "
+            f"{r['probe_ratio_1']:.3f} |")
     low = frame[frame["target_rho"] <= 0.8]
+
+    def met(col: str, tol: float) -> str:
+        return f"{int((low[col].abs() <= tol).sum())}/{len(low)}"
+
     lines += ["", "Targets (ρ ≤ 0.8): |throughput err| ≤ 2% in "
-              f"{int((low['throughput_rps:err'].abs() <= 0.02).sum())}/{len(low)}, |P50 err| ≤ 2% "
-              f"in {int((low['latency_ms.p50:err'].abs() <= 0.02).sum())}/{len(low)}, |P99 err| "
-              f"≤ 5% in {int((low['latency_ms.p99:err'].abs() <= 0.05).sum())}/{len(low)}.",
+              f"{met('throughput_rps:err', 0.02)}, |P50 err| ≤ 2% in "
+              f"{met('latency_ms.p50:err', 0.02)}, |P99 err| ≤ 5% in "
+              f"{met('latency_ms.p99:err', 0.05)}; P50 within 5%: "
+              f"{met('latency_ms.p50:err', 0.05)}; P99 within 10%: "
+              f"{met('latency_ms.p99:err', 0.10)}; P99 sim within the live min–max: "
+              f"{int(low['latency_ms.p99:within'].sum())}/{len(low)}.",
+              "Stored profile (same live runs): |P50 err| ≤ 2% in "
+              f"{met('latency_ms.p50:err_stored', 0.02)}, |P99 err| ≤ 5% in "
+              f"{met('latency_ms.p99:err_stored', 0.05)}.",
               f"ρ = 0.9: P99 sim within the live min–max in "
               f"{int(frame[frame['target_rho'] >= 0.9]['latency_ms.p99:within'].sum())}/"
               f"{int((frame['target_rho'] >= 0.9).sum())}.", "",
               "## Executor efficiency at saturation (greedy, max batch 8)", "",
-              "| calibrated capacity req/s | live req/s | efficiency | dispatch overhead p50 / "
-              "p99 ms | hand-off p50 / p99 ms |", "|---:|---:|---:|---:|---:|",
-              f"| {eff['calibrated_capacity_rps']:.2f} | {eff['live_rps']:.2f} | "
-              f"{eff['efficiency']:.3f} | {eff['dispatch_overhead_p50_ms']:.3f} / "
+              "| capacity req/s (stored / probed) | live req/s | efficiency (stored / probed) | "
+              "dispatch overhead p50 / p99 ms | hand-off p50 / p99 ms |",
+              "|---:|---:|---:|---:|---:|",
+              f"| {eff['calibrated_capacity_rps']:.2f} / {eff['probed_capacity_rps']:.2f} | "
+              f"{eff['live_rps']:.2f} | {eff['efficiency']:.3f} / "
+              f"{eff['probed_efficiency']:.3f} | {eff['dispatch_overhead_p50_ms']:.3f} / "
               f"{eff['dispatch_overhead_p99_ms']:.3f} | {eff['handoff_p50_ms']:.3f} / "
               f"{eff['handoff_p99_ms']:.3f} |"]
     text = "\n".join(lines) + "\n"

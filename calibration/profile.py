@@ -142,6 +142,39 @@ class LatencyProfile:
             return math.inf
         return float((self.meta.get("cold") or {}).get("after_ms", 10.0)) / 1e3
 
+    def rescaled(self, ratio_by_size: dict[int, float], note: dict[str, Any] | None = None
+                 ) -> LatencyProfile:
+        """A copy with every sample at size ``b`` (warm and cold) multiplied by a ratio.
+
+        Ratios are given at some batch sizes (a probe's measured / profiled medians); other
+        sizes take the ratio interpolated linearly in log batch size, and the nearest given
+        ratio beyond the given range. ``note`` is recorded under ``meta["rescaled"]``.
+
+        Raises:
+            ProfileError: no ratios, or a ratio that is not finite and > 0.
+        """
+        if not ratio_by_size:
+            raise ProfileError("rescaled: needs at least one batch size's ratio")
+        for size, ratio in ratio_by_size.items():
+            if not (math.isfinite(ratio) and ratio > 0):
+                raise ProfileError(f"rescaled: ratio {ratio!r} at batch size {size} must be "
+                                   "finite and > 0")
+        known = sorted(ratio_by_size)
+        log_sizes = np.log([float(b) for b in known])
+        ratios = np.array([ratio_by_size[b] for b in known], dtype=float)
+
+        def ratio_at(size: int) -> float:
+            return float(np.interp(math.log(size), log_sizes, ratios))
+
+        meta = dict(self.meta)
+        meta["rescaled"] = {**(note or {}), "ratio_by_size": {
+            str(b): round(ratio_at(b), 6) for b in self.samples_s}}
+        return LatencyProfile(
+            samples_s={b: s * ratio_at(b) for b, s in self.samples_s.items()},
+            model=dict(self.model),
+            cold_samples_s={b: s * ratio_at(b) for b, s in self.cold_samples_s.items()},
+            device=dict(self.device), meta=meta, extrapolate=self.extrapolate)
+
     # -- internals ---------------------------------------------------------------------------
     def _nearest(self, batch_size: float) -> tuple[int, float]:
         b = float(batch_size)

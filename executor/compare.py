@@ -20,8 +20,10 @@ import pandas as pd
 
 import sim
 from calibration.runners import ModelRunner
-from executor.run import default_runners, live
+from executor.probe import bracket_ratios, drift, probe, probe_sizes
+from executor.run import default_runners, live, scenario_profile
 from sim.rundir import write_json
+from sim.runner import Result
 from sim.scenario import Scenario, load_scenario
 
 METRICS: list[tuple[str, str]] = [
@@ -47,35 +49,61 @@ def metric(summary: dict[str, Any], key: str) -> float:
     return float(value) if value is not None else math.nan
 
 
-def compare_rows(sim_summary: dict[str, Any], live_summaries: Sequence[dict[str, Any]]
-                 ) -> list[dict[str, Any]]:
-    """Per-metric comparison rows."""
-    rho = metric(sim_summary, "utilization")
+def _rel(value: float, reference: float) -> float:
+    if reference != 0 and math.isfinite(reference):
+        return (value - reference) / abs(reference)
+    return 0.0 if value == reference else math.nan
+
+
+def compare_rows(sim_summaries: dict[str, Any] | Sequence[dict[str, Any]],
+                 live_summaries: Sequence[dict[str, Any]],
+                 stored_summary: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Per-metric comparison rows.
+
+    Args:
+        sim_summaries: The simulated summary, or one per live repeat (probed runs); their
+            median is the prediction.
+        live_summaries: One summary per live repeat.
+        stored_summary: With probing, the prediction from the stored (unprobed) profile; its
+            value and error are kept as ``sim_stored`` / ``rel_error_stored``.
+    """
+    sims = [sim_summaries] if isinstance(sim_summaries, dict) else list(sim_summaries)
+    rho = float(np.median([metric(x, "utilization") for x in sims]))
     rows = []
     for key, label in METRICS:
-        s = metric(sim_summary, key)
+        s = float(np.median([metric(x, key) for x in sims]))
         lv = np.array([metric(x, key) for x in live_summaries], dtype=float)
         med = float(np.median(lv)) if lv.size else math.nan
-        if med != 0 and math.isfinite(med):
-            rel = (s - med) / abs(med)
-        else:
-            rel = 0.0 if s == med else math.nan
         lo, hi = (float(lv.min()), float(lv.max())) if lv.size else (math.nan, math.nan)
         spread = (hi - lo) / abs(med) if med and math.isfinite(med) else math.nan
-        rows.append({"metric": key, "label": label, "sim": s, "live_median": med,
-                     "rel_error": rel, "live_min": lo, "live_max": hi,
-                     "live_spread_rel": spread, "within_spread": bool(lo <= s <= hi),
-                     "rho": rho})
+        row: dict[str, Any] = {"metric": key, "label": label, "sim": s, "live_median": med,
+               "rel_error": _rel(s, med), "live_min": lo, "live_max": hi,
+               "live_spread_rel": spread, "within_spread": bool(lo <= s <= hi), "rho": rho}
+        if len(sims) == len(live_summaries) and len(sims) > 1:
+            row["paired_rel_errors"] = [_rel(metric(a, key), metric(b, key))
+                                        for a, b in zip(sims, live_summaries, strict=True)]
+        if stored_summary is not None:
+            stored = metric(stored_summary, key)
+            row["sim_stored"] = stored
+            row["rel_error_stored"] = _rel(stored, med)
+        rows.append(row)
     return rows
 
 
 def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path, *,
             repeats: int = 3, overrides: list[str] | dict[str, Any] | None = None,
             runners: Sequence[ModelRunner] | None = None,
-            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+            progress: Callable[[str], None] | None = None, probe_device: bool = True,
+            probe_budget_s: float = 3.0) -> dict[str, Any]:
     """Simulate the scenario and run it live ``repeats`` times; write and return the comparison.
 
     Runners are built once (from the profile's model) and reused by every live repeat.
+
+    With ``probe_device`` (and a measured profile) each live run is bracketed by two probes of
+    the device's current speed (:mod:`executor.probe`); the profile rescaled to their mean
+    gives that repeat's prediction (``DIR/sim-K/``, profile in ``DIR/live-K/``), and the
+    median of those is compared. ``DIR/sim/`` is always the stored profile's prediction; its
+    errors are kept per metric as ``rel_error_stored``.
     """
     if repeats < 1:
         raise ValueError(f"--repeats {repeats}: must be >= 1")
@@ -87,20 +115,47 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     simulated = sim.run(scn)
     simulated.write(out / "sim")
     runner_list = list(runners) if runners is not None else default_runners(scn)
-    lives = []
+    profile = scenario_profile(scn)
+    probing = probe_device and profile is not None and not profile.meta.get("synthetic")
+    sizes = probe_sizes(scn, profile) if probing and profile is not None else []
+    lives: list[Result] = []
+    sims: list[Result] = []
+    probes: list[dict[str, Any]] = []
     for i in range(1, repeats + 1):
+        before = None
+        if probing and profile is not None:
+            say(f"probing the device (batch sizes {sizes})")
+            before = probe(runner_list[0], profile, sizes, budget_s=probe_budget_s, seed=i)
         say(f"live run {i}/{repeats}")
         result = live(scn, runners=runner_list)
         result.write(out / f"live-{i}")
         lives.append(result)
-    rows = compare_rows(simulated.summary, [r.summary for r in lives])
-    data = {"scenario": scn.name, "repeats": repeats, "rho": simulated.summary["utilization"],
-            "rows": rows, "live_health": [r.summary.get("executor_health") for r in lives],
+        if before is not None and profile is not None:
+            after = probe(runner_list[0], profile, sizes, budget_s=probe_budget_s, seed=i + 500)
+            ratios = bracket_ratios(before, after)
+            info = {"repeat": i, "ratio_by_size": {str(b): r for b, r in ratios.items()},
+                    "drift": drift(before, after), "before": before.to_dict(),
+                    "after": after.to_dict()}
+            scaled = profile.rescaled(ratios, note={"by": "compare probe", "repeat": i})
+            path = scaled.save(out / f"live-{i}" / "probed-profile.json")
+            write_json(out / f"live-{i}" / "probe.json", info)
+            probed = sim.run(scn, overrides={"service.path": str(path)})
+            probed.write(out / f"sim-{i}")
+            sims.append(probed)
+            probes.append(info)
+    if sims:
+        rows = compare_rows([r.summary for r in sims], [r.summary for r in lives],
+                            stored_summary=simulated.summary)
+    else:
+        rows = compare_rows(simulated.summary, [r.summary for r in lives])
+    data = {"scenario": scn.name, "repeats": repeats, "rho": rows[0]["rho"],
+            "probed": bool(sims), "probes": probes, "rows": rows,
+            "live_health": [r.summary.get("executor_health") for r in lives],
             "calibration_warnings": lives[0].meta.get("calibration_warnings", [])}
     write_json(out / "compare.json", data)
     from executor.report import write_compare_report
 
-    write_compare_report(out / "report.html", simulated, lives, rows)
+    write_compare_report(out / "report.html", sims[0] if sims else simulated, lives, rows)
     return data
 
 
@@ -139,21 +194,44 @@ def sweep(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path,
           rhos: Sequence[float], *, repeats: int = 3,
           overrides: list[str] | dict[str, Any] | None = None,
           runners: Sequence[ModelRunner] | None = None,
-          progress: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """``compare`` at each target utilisation; writes ``fidelity.csv`` and returns it."""
+          progress: Callable[[str], None] | None = None, probe_device: bool = True,
+          probe_budget_s: float = 3.0) -> pd.DataFrame:
+    """``compare`` at each target utilisation; writes ``fidelity.csv`` and returns it.
+
+    With ``probe_device`` the rates are found on the profile rescaled by a probe of the
+    device taken first, so that each target ρ is the utilisation the device really sees.
+    """
     scn = load_scenario(scenario, overrides)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     runner_list = list(runners) if runners is not None else default_runners(scn)
+    rate_scn = probed_scenario(scn, runner_list, out / "rate-probe-profile.json",
+                               probe_budget_s) if probe_device else scn
     rows = []
     for rho in rhos:
-        rate = rate_for_utilization(scn, rho)
+        rate = rate_for_utilization(rate_scn, rho)
         if progress:
             progress(f"rho={rho}: {rate:.1f} req/s")
         sub = load_scenario(scn, {"workload.rate_rps": rate})
-        data = compare(sub, Path(out_dir) / f"rho-{rho:g}", repeats=repeats, runners=runner_list,
-                       progress=progress)
+        data = compare(sub, out / f"rho-{rho:g}", repeats=repeats, runners=runner_list,
+                       progress=progress, probe_device=probe_device,
+                       probe_budget_s=probe_budget_s)
         for row in data["rows"]:
             rows.append({"target_rho": rho, "rate_rps": rate, **row})
     frame = pd.DataFrame(rows)
-    frame.to_csv(Path(out_dir) / "fidelity.csv", index=False)
-    (Path(out_dir) / "fidelity.json").write_text(json.dumps(rows, indent=1, default=str))
+    frame.to_csv(out / "fidelity.csv", index=False)
+    (out / "fidelity.json").write_text(json.dumps(rows, indent=1, default=str))
     return frame
+
+
+def probed_scenario(scn: Scenario, runners: Sequence[ModelRunner], profile_path: Path,
+                    budget_s: float = 3.0) -> Scenario:
+    """The scenario with its profile rescaled by one probe of the device now (unchanged when
+    its service is not a measured profile).
+    """
+    profile = scenario_profile(scn)
+    if profile is None or profile.meta.get("synthetic"):
+        return scn
+    measured = probe(runners[0], profile, probe_sizes(scn, profile), budget_s=budget_s)
+    path = profile.rescaled(measured.ratio_by_size, note={"by": "probe"}).save(profile_path)
+    return load_scenario(scn, {"service.path": str(path)})

@@ -170,6 +170,12 @@ def compare_cmd(
     ] = None,
     sweep_: Annotated[str | None, typer.Option(
         "--sweep", help="Comma-separated target utilisations, e.g. 0.3,0.6,0.8,0.9.")] = None,
+    probe: Annotated[bool, typer.Option(
+        "--probe/--no-probe", help="Re-measure the device's speed around each live run and "
+        "predict with the profile rescaled to it (the stored profile's errors are kept too)."),
+    ] = True,
+    probe_budget_s: Annotated[float, typer.Option(
+        "--probe-budget-s", min=0.1, help="Seconds each probe may take.")] = 3.0,
 ) -> None:
     """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
     from executor.compare import compare, sweep
@@ -178,12 +184,14 @@ def compare_cmd(
         if sweep_:
             rhos = [float(x) for x in sweep_.split(",") if x.strip()]
             frame = sweep(scenario, out, rhos, repeats=repeats, overrides=set_ or None,
-                          progress=lambda m: console.print(f"[dim]{m}[/]"))
+                          progress=lambda m: console.print(f"[dim]{m}[/]"), probe_device=probe,
+                          probe_budget_s=probe_budget_s)
             console.print(_fidelity_table(frame))
             console.print(f"fidelity curve: {out / 'fidelity.csv'}")
             return
         data = compare(scenario, out, repeats=repeats, overrides=set_ or None,
-                       progress=lambda m: console.print(f"[dim]{m}[/]"))
+                       progress=lambda m: console.print(f"[dim]{m}[/]"), probe_device=probe,
+                       probe_budget_s=probe_budget_s)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -196,12 +204,18 @@ def _compare_table(data: dict[str, object]) -> object:
 
     rows = data["rows"]
     assert isinstance(rows, list)
-    table = Table(title=f"sim vs live — rho {rows[0]['rho']:.2f}, {data['repeats']} live runs")
-    for col in ("metric", "sim", "live (median)", "error", "live min–max"):
+    probed = bool(data.get("probed"))
+    table = Table(title=f"sim vs live — rho {rows[0]['rho']:.2f}, {data['repeats']} live runs"
+                  + (" (sim on the probed profile)" if probed else ""))
+    cols = ["metric", "sim", "live (median)", "error", "live min–max"]
+    for col in cols + (["stored-profile error"] if probed else []):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["label"], f"{r['sim']:.4g}", f"{r['live_median']:.4g}",
-                      f"{100 * r['rel_error']:+.1f}%", f"{r['live_min']:.4g}–{r['live_max']:.4g}")
+        cells = [r["label"], f"{r['sim']:.4g}", f"{r['live_median']:.4g}",
+                 f"{100 * r['rel_error']:+.1f}%", f"{r['live_min']:.4g}–{r['live_max']:.4g}"]
+        if probed:
+            cells.append(f"{100 * r['rel_error_stored']:+.1f}%")
+        table.add_row(*cells)
     return table
 
 

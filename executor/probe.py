@@ -1,0 +1,154 @@
+"""Probe: how fast the model runs *now*, through the live executor's own dispatch path.
+
+A profile is measured once; a machine's speed is not constant (frequency scaling, other
+tenants, thermal state — on the shared CPU VM we develop on, identical calibrations two
+minutes apart differ by ~10%). A sim-vs-live comparison against a stale profile mixes that
+drift into the prediction error. ``compare`` therefore probes the device right before and
+right after each live run: a few back-to-back batches at each batch size the scenario can
+dispatch, timed from dispatch to completion through a real replica worker thread (so the
+thread hand-off a live replica pays is in the measurement). The ratio of the probe's median
+to the profile's median at each size rescales the profile
+(:meth:`calibration.profile.LatencyProfile.rescaled`) and the simulator predicts with that —
+the shape of the service-time distribution, cold samples and batching curve still come from
+the calibration; only the level is refreshed.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calibration.profile import LatencyProfile
+from calibration.runners import ModelRunner
+from executor.live import Health, _Done, _Worker
+from sim.core import Batch
+from sim.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Back-to-back batch latencies measured through a replica worker, per batch size.
+
+    Attributes:
+        busy_median_s: Median time from dispatch to completion (what a live replica is busy
+            for), by batch size.
+        model_median_s: Median time inside the model call only, by batch size.
+        profile_median_s: The profile's median at the same sizes.
+        reps: Batches timed at each size (after one discarded warm-up batch).
+        wall_s: How long the probe took.
+    """
+
+    busy_median_s: dict[int, float]
+    model_median_s: dict[int, float]
+    profile_median_s: dict[int, float]
+    reps: dict[int, int]
+    wall_s: float
+
+    @property
+    def ratio_by_size(self) -> dict[int, float]:
+        """Probe median / profile median at each probed size."""
+        return {b: self.busy_median_s[b] / self.profile_median_s[b] for b in self.busy_median_s}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (milliseconds)."""
+        return {"wall_s": self.wall_s, "sizes": [
+            {"batch_size": b, "reps": self.reps[b],
+             "busy_median_ms": self.busy_median_s[b] * 1e3,
+             "model_median_ms": self.model_median_s[b] * 1e3,
+             "profile_median_ms": self.profile_median_s[b] * 1e3,
+             "ratio": self.ratio_by_size[b]} for b in sorted(self.busy_median_s)]}
+
+
+def probe_sizes(scenario: Scenario, profile: LatencyProfile) -> list[int]:
+    """The profile's measured sizes a scenario can dispatch: up to the policy's largest batch
+    times the request size, plus the next measured size above (so interpolation is covered).
+    """
+    policy = scenario.policy
+    most = getattr(policy, "max_batch_size", None) or getattr(policy, "batch_size", None)
+    if policy.kind == "none":
+        most = 1
+    cap_items = (most or profile.max_batch_size) * getattr(scenario.workload, "size", 1)
+    sizes = [b for b in profile.batch_sizes if b <= cap_items]
+    above = [b for b in profile.batch_sizes if b > cap_items]
+    if above and (not sizes or sizes[-1] < cap_items):
+        sizes.append(above[0])
+    return sizes or [profile.batch_sizes[0]]
+
+
+def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
+          budget_s: float = 3.0, min_reps: int = 8, max_reps: int = 60,
+          seed: int = 0) -> Probe:
+    """Time back-to-back batches of each size through a replica worker thread.
+
+    Args:
+        runner: The model runner (the one a live replica uses).
+        profile: The profile whose medians the probe is compared with.
+        sizes: Batch sizes (items) to probe; each must be measured in the profile.
+        budget_s: Target total time; sets the repetitions per size (within the bounds).
+        min_reps: Fewest timed batches per size.
+        max_reps: Most timed batches per size.
+        seed: Seeds the payloads.
+
+    Raises:
+        ValueError: a size the profile does not hold, or bad bounds.
+        RuntimeError: the model call failed during the probe.
+    """
+    missing = [b for b in sizes if b not in profile.samples_s]
+    if missing or not sizes:
+        raise ValueError(f"probe sizes {list(sizes)}: each must be a measured batch size of the "
+                         f"profile ({profile.batch_sizes})")
+    if not 1 <= min_reps <= max_reps or budget_s <= 0:
+        raise ValueError("probe: need 1 <= min_reps <= max_reps and budget_s > 0")
+    inbox: queue.Queue[_Done] = queue.Queue()
+    start = time.perf_counter()
+    worker = _Worker(0, runner, inbox, start, seed, Health())
+    worker.start()
+    busy: dict[int, float] = {}
+    model: dict[int, float] = {}
+    reps: dict[int, int] = {}
+    ids = iter(range(10**9))
+
+    def one(size: int) -> tuple[float, float]:
+        batch = Batch(next(ids), 0, tuple(range(size)), size, time.perf_counter() - start, 0.0)
+        worker.jobs.put(batch)
+        done = inbox.get()
+        if done.error:
+            raise RuntimeError(f"probe: the model failed at batch size {size}: {done.error}")
+        return done.finish_s - batch.start_s, done.service_s
+
+    try:
+        for size in sizes:
+            warm_s, _ = one(size)
+            n = int(np.clip(budget_s / len(sizes) / max(warm_s, 1e-6), min_reps, max_reps))
+            timed = [one(size) for _ in range(n)]
+            busy[size] = float(np.median([t[0] for t in timed]))
+            model[size] = float(np.median([t[1] for t in timed]))
+            reps[size] = n
+    finally:
+        worker.jobs.put(None)
+        worker.join(timeout=60)
+    return Probe(busy, model, {b: profile.median_s(b) for b in busy}, reps,
+                 time.perf_counter() - start)
+
+
+def bracket_ratios(before: Probe, after: Probe | None) -> dict[int, float]:
+    """Per-size ratio for a run bracketed by two probes: their geometric mean."""
+    if after is None:
+        return before.ratio_by_size
+    a, b = before.ratio_by_size, after.ratio_by_size
+    return {s: math.sqrt(a[s] * b[s]) for s in a if s in b}
+
+
+def drift(before: Probe, after: Probe) -> float:
+    """Relative change of the device's speed across a run: geometric mean over sizes of
+    after / before − 1 (positive: slower afterwards).
+    """
+    a, b = before.ratio_by_size, after.ratio_by_size
+    logs = [math.log(b[s] / a[s]) for s in a if s in b]
+    return math.exp(sum(logs) / len(logs)) - 1 if logs else math.nan

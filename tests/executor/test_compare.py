@@ -1,0 +1,135 @@
+"""``compare``: sim vs live on one schedule, and the device probe that refreshes the profile."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from calibration.profile import LatencyProfile, ProfileError, load_profile
+from executor.compare import compare, compare_rows
+from executor.probe import bracket_ratios, drift, probe, probe_sizes
+from executor.testing import SleepRunner
+from sim.scenario import load_scenario
+
+SIZES = [1, 2, 4, 8, 16]
+
+
+def linear_ms(n: float) -> float:
+    return 6.0 + 1.5 * n
+
+
+def profile_file(tmp_path) -> str:
+    """A measured-looking profile: 40 samples within ±1% of 6 + 1.5 n ms at each size."""
+    rng = np.random.default_rng(0)
+    prof = LatencyProfile(
+        samples_s={b: linear_ms(b) / 1e3 * rng.uniform(0.99, 1.01, 40) for b in SIZES},
+        model={"name": "sleep"}, device={"kind": "cpu", "name": "cpu"},
+        meta={"threads": 1, "dtype": "fp32"})
+    return str(prof.save(tmp_path / "sleep-profile.json"))
+
+
+def scenario(path: str, rate_rps: float = 60.0) -> dict:
+    return {"name": "cmp", "seed": 4, "service": {"kind": "profile", "path": path},
+            "workload": {"kind": "poisson", "rate_rps": rate_rps, "duration_s": 2.5},
+            "policy": {"kind": "dynamic", "max_batch_size": 4, "max_wait_ms": 3},
+            "warmup_s": 0.3}
+
+
+def slow_runner(factor: float) -> SleepRunner:
+    """The 'device today': ``factor`` times slower than when the profile was measured."""
+    return SleepRunner(lambda n: factor * linear_ms(n) / 1e3)
+
+
+def test_rescaled_profile_interpolates_ratios_in_log_size_and_scales_cold_samples() -> None:
+    prof = LatencyProfile(samples_s={1: np.array([0.010]), 4: np.array([0.020]),
+                                     16: np.array([0.050])},
+                          cold_samples_s={1: np.array([0.015])})
+    out = prof.rescaled({1: 1.2, 16: 2.0}, note={"by": "test"})
+    assert out.median_s(1) == pytest.approx(0.012)
+    assert out.median_s(4) == pytest.approx(0.020 * 1.6)  # log2(4) is halfway from 1 to 16
+    assert out.median_s(16) == pytest.approx(0.100)
+    assert out.cold_samples_s[1][0] == pytest.approx(0.018)
+    assert out.meta["rescaled"]["by"] == "test"
+    assert prof.median_s(1) == pytest.approx(0.010)  # the original is untouched
+    assert prof.rescaled({4: 0.5}).median_s(16) == pytest.approx(0.025)  # nearest beyond
+    with pytest.raises(ProfileError, match="ratio"):
+        prof.rescaled({1: math.nan})
+
+
+def test_probe_sizes_cover_what_the_policy_can_dispatch(tmp_path) -> None:
+    path = profile_file(tmp_path)
+    prof = load_profile(path)
+    assert probe_sizes(load_scenario(scenario(path)), prof) == [1, 2, 4]
+    none = load_scenario(scenario(path), {"policy": {"kind": "none"}})
+    assert probe_sizes(none, prof) == [1]
+    odd = load_scenario(scenario(path), {"policy.max_batch_size": 6})
+    assert probe_sizes(odd, prof) == [1, 2, 4, 8]  # 8 brackets 5..6 for interpolation
+
+
+def test_probe_measures_the_device_speed_against_the_profile(tmp_path) -> None:
+    prof = load_profile(profile_file(tmp_path))
+    before = probe(slow_runner(1.3), prof, [1, 4], budget_s=0.3)
+    after = probe(slow_runner(1.3 * 1.1), prof, [1, 4], budget_s=0.3)
+    for size in (1, 4):
+        # dispatch-to-done includes the thread hand-off (well under 1 ms of 7.5-12 ms)
+        assert before.ratio_by_size[size] == pytest.approx(1.3, rel=0.06)
+        assert before.model_median_s[size] <= before.busy_median_s[size]
+        assert before.reps[size] >= 8
+    assert drift(before, after) == pytest.approx(0.10, abs=0.04)
+    mid = bracket_ratios(before, after)[1]
+    assert before.ratio_by_size[1] < mid < after.ratio_by_size[1]
+    with pytest.raises(ValueError, match="measured batch size"):
+        probe(slow_runner(1.0), prof, [3])
+
+
+def test_compare_with_probe_removes_the_device_drift_from_the_prediction(tmp_path) -> None:
+    path = profile_file(tmp_path)
+    out = tmp_path / "cmp"
+    data = compare(scenario(path), out, repeats=2, runners=[slow_runner(1.3)],
+                   probe_budget_s=0.3)
+    rows = {r["metric"]: r for r in data["rows"]}
+    p50 = rows["latency_ms.p50"]
+    # the stored profile is 1.3x too fast: its prediction is far off; the probed one is close
+    assert p50["rel_error_stored"] < -0.12
+    assert abs(p50["rel_error"]) < 0.06
+    assert len(p50["paired_rel_errors"]) == 2
+    assert rows["throughput_rps"]["rel_error"] == pytest.approx(0.0, abs=0.02)
+    assert data["probed"] and len(data["probes"]) == 2
+    for i in (1, 2):
+        assert (out / f"sim-{i}" / "summary.json").exists()
+        assert (out / f"live-{i}" / "probed-profile.json").exists()
+        probe_info = json.loads((out / f"live-{i}" / "probe.json").read_text())
+        assert probe_info["ratio_by_size"]["1"] == pytest.approx(1.3, rel=0.06)
+    assert (out / "sim" / "summary.json").exists() and (out / "report.html").exists()
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["rows"][0]["metric"] == "throughput_rps"
+
+
+def test_compare_without_probe_predicts_from_the_stored_profile(tmp_path) -> None:
+    path = profile_file(tmp_path)
+    data = compare(scenario(path), tmp_path / "cmp", repeats=1, runners=[slow_runner(1.0)],
+                   probe_device=False)
+    rows = {r["metric"]: r for r in data["rows"]}
+    assert not data["probed"] and "rel_error_stored" not in rows["latency_ms.p50"]
+    assert abs(rows["latency_ms.p50"]["rel_error"]) < 0.08
+    assert not (tmp_path / "cmp" / "sim-1").exists()
+
+
+def test_compare_rows_median_of_predictions_and_spread() -> None:
+    sims = [{"throughput_rps": 10.0, "utilization": 0.5},
+            {"throughput_rps": 12.0, "utilization": 0.7}]
+    lives = [{"throughput_rps": 10.0}, {"throughput_rps": 12.0}]
+    row = compare_rows(sims, lives, stored_summary={"throughput_rps": 8.0})[0]
+    assert row["sim"] == 11.0 and row["live_median"] == 11.0 and row["rel_error"] == 0
+    assert row["within_spread"] and row["rho"] == pytest.approx(0.6)
+    assert row["paired_rel_errors"] == [0.0, 0.0]
+    assert row["rel_error_stored"] == pytest.approx(-3 / 11)
+
+
+def test_compare_rejects_zero_repeats(tmp_path) -> None:
+    with pytest.raises(ValueError, match="repeats"):
+        compare(scenario(profile_file(tmp_path)), tmp_path / "x", repeats=0,
+                runners=[slow_runner(1.0)])
