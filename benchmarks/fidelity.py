@@ -10,7 +10,8 @@ batch B, arrivals far above capacity): live throughput / (B / median latency(B))
 latency from the stored profile and from a probe taken just before, and the dispatch overhead
 per batch (decide + bookkeeping, excluding the model).
 
-Usage: python benchmarks/fidelity.py [--model minilm] [--seconds 10] [--repeats 3]
+Usage: python benchmarks/fidelity.py [--model minilm] [--seconds 10] [--repeats 3] [--runner replay]
+       [--no-probe]
        [--rhos 0.3,0.6,0.8,0.9] [--policies none,greedy,dynamic-request,dynamic-first,slo]
 Writes benchmarks/results/fidelity-<device>.md and .csv.
 """
@@ -33,6 +34,7 @@ from calibration.profile import load_profile  # noqa: E402
 from executor.compare import compare, probed_scenario, rate_for_utilization  # noqa: E402
 from executor.probe import probe  # noqa: E402
 from executor.run import default_runners, live  # noqa: E402
+from executor.testing import ReplayRunner  # noqa: E402
 from sim.scenario import load_scenario  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -94,6 +96,10 @@ def main() -> None:
     ap.add_argument("--slo-ms", type=float, default=None)
     ap.add_argument("--out", default=None, help="result name (default fidelity-<device>)")
     ap.add_argument("--no-probe", action="store_true", help="predict from the stored profile")
+    ap.add_argument("--runner", choices=["model", "replay"], default="model",
+                    help="model: the real model; replay: a constant-speed stand-in that sleeps "
+                    "for draws from the profile (isolates executor + simulator fidelity from "
+                    "the device's own drift)")
     args = ap.parse_args()
     profile_ref = f"builtin:{args.model}-{args.device}"
     profile = load_profile(profile_ref)
@@ -107,7 +113,8 @@ def main() -> None:
     for name in policies:
         scn = load_scenario(base_scenario(profile_ref, POLICIES[name], args.seconds, slo_ms))
         if runners is None:
-            runners = default_runners(scn)
+            runners = ([ReplayRunner(profile, seed=99)] if args.runner == "replay"
+                       else default_runners(scn))
         rate_scn = scn if args.no_probe else probed_scenario(
             scn, runners, work / name / "rate-probe-profile.json")
         for rho in rhos:
@@ -139,7 +146,9 @@ def main() -> None:
     eff = efficiency(profile_ref, runners or [], 8, max(args.seconds, 8))
     elapsed = time.perf_counter() - t0
 
-    lines = [f"# Fidelity: sim vs live, {args.model} on {args.device}", "",
+    what = ("a constant-speed replay of the profile (no model)" if args.runner == "replay"
+            else f"{args.model} on {args.device}")
+    lines = [f"# Fidelity: sim vs live, {what}", "",
              f"Machine: {platform.processor() or platform.machine()}; profile {profile_ref} "
              f"(threads {profile.meta.get('threads')}); live runs of {args.seconds:g} s, "
              f"{args.repeats} repeats; SLO {slo_ms:.0f} ms (slo policy); benchmark took "
@@ -195,8 +204,9 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = args.out or f"fidelity-{args.device}" + ("" if args.model == "minilm" else
-                                                    f"-{args.model}")
+    name = args.out or (f"fidelity-{args.device}" + ("" if args.model == "minilm" else
+                                                     f"-{args.model}")
+                        + ("-replay" if args.runner == "replay" else ""))
     (RESULTS / f"{name}.md").write_text(text)
     frame.to_csv(RESULTS / f"{name}.csv", index=False)
 

@@ -20,7 +20,7 @@ import pandas as pd
 
 import sim
 from calibration.runners import ModelRunner
-from executor.probe import bracket_ratios, drift, probe, probe_sizes
+from executor.probe import drift, pooled_scale, probe, probe_sizes
 from executor.run import default_runners, live, scenario_profile
 from sim.rundir import write_json
 from sim.runner import Result
@@ -90,36 +90,73 @@ def compare_rows(sim_summaries: dict[str, Any] | Sequence[dict[str, Any]],
     return rows
 
 
+def mean_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The mean of every numeric field (recursively) over replications' summaries."""
+    first = summaries[0]
+    out: dict[str, Any] = {}
+    for key, value in first.items():
+        values = [s.get(key) for s in summaries]
+        if isinstance(value, dict) and all(isinstance(v, dict) for v in values):
+            out[key] = mean_summary(values)  # type: ignore[arg-type]
+        elif isinstance(value, int | float) and not isinstance(value, bool) and all(
+                isinstance(v, int | float) for v in values):
+            finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+            out[key] = float(np.mean(finite)) if finite else math.nan
+        else:
+            out[key] = value
+    return out
+
+
+def predict(scn: Scenario, out_dir: Path, replications: int, *, seed: int = 0,
+            overrides: dict[str, Any] | None = None) -> tuple[Result, dict[str, Any]]:
+    """The simulator's prediction for one arrival schedule: the mean summary over
+    ``replications`` service-time streams, so the prediction carries little sampling noise of
+    its own. Returns the first run (the scenario's own seed; written to ``out_dir``) and the
+    mean summary.
+    """
+    first = sim.run(scn, overrides)
+    first.write(out_dir)
+    summaries = [first.summary] + [
+        sim.run(scn, overrides, service_seed=seed * 10_000 + j).summary
+        for j in range(1, replications)]
+    mean = mean_summary(summaries)
+    write_json(out_dir / "prediction.json", {"replications": replications, "summary": mean})
+    return first, mean
+
+
 def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path, *,
             repeats: int = 3, overrides: list[str] | dict[str, Any] | None = None,
             runners: Sequence[ModelRunner] | None = None,
             progress: Callable[[str], None] | None = None, probe_device: bool = True,
-            probe_budget_s: float = 3.0) -> dict[str, Any]:
+            probe_budget_s: float = 3.0, sim_replications: int = 10) -> dict[str, Any]:
     """Simulate the scenario and run it live ``repeats`` times; write and return the comparison.
 
-    Runners are built once (from the profile's model) and reused by every live repeat.
+    Runners are built once (from the profile's model) and reused by every live repeat. Each
+    prediction is the mean over ``sim_replications`` simulations of the same arrival schedule
+    with independent service-time draws (``prediction.json`` next to the first one's tables).
 
     With ``probe_device`` (and a measured profile) each live run is bracketed by two probes of
-    the device's current speed (:mod:`executor.probe`); the profile rescaled to their mean
-    gives that repeat's prediction (``DIR/sim-K/``, profile in ``DIR/live-K/``), and the
-    median of those is compared. ``DIR/sim/`` is always the stored profile's prediction; its
-    errors are kept per metric as ``rel_error_stored``.
+    the device's current speed (:mod:`executor.probe`); the profile rescaled to them gives
+    that repeat's prediction (``DIR/sim-K/``, profile in ``DIR/live-K/``), and the median of
+    those is compared. ``DIR/sim/`` is always the stored profile's prediction; its errors are
+    kept per metric as ``rel_error_stored``.
     """
     if repeats < 1:
         raise ValueError(f"--repeats {repeats}: must be >= 1")
+    if sim_replications < 1:
+        raise ValueError(f"sim_replications {sim_replications}: must be >= 1")
     scn = load_scenario(scenario, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
     say("simulating")
-    simulated = sim.run(scn)
-    simulated.write(out / "sim")
+    figure_sim, stored = predict(scn, out / "sim", sim_replications)
     runner_list = list(runners) if runners is not None else default_runners(scn)
     profile = scenario_profile(scn)
     probing = probe_device and profile is not None and not profile.meta.get("synthetic")
     sizes = probe_sizes(scn, profile) if probing and profile is not None else []
     lives: list[Result] = []
-    sims: list[Result] = []
+    predictions: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
     for i in range(1, repeats + 1):
         before = None
@@ -132,30 +169,31 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
         lives.append(result)
         if before is not None and profile is not None:
             after = probe(runner_list[0], profile, sizes, budget_s=probe_budget_s, seed=i + 500)
-            ratios = bracket_ratios(before, after)
-            info = {"repeat": i, "ratio_by_size": {str(b): r for b, r in ratios.items()},
-                    "drift": drift(before, after), "before": before.to_dict(),
-                    "after": after.to_dict()}
-            scaled = profile.rescaled(ratios, note={"by": "compare probe", "repeat": i})
+            scale = pooled_scale([before, after])
+            info = {"repeat": i, "scale": scale, "drift": drift(before, after),
+                    "before": before.to_dict(), "after": after.to_dict()}
+            scaled = profile.rescaled({profile.batch_sizes[0]: scale},
+                                      note={"by": "compare probe", "repeat": i, "scale": scale})
             path = scaled.save(out / f"live-{i}" / "probed-profile.json")
             write_json(out / f"live-{i}" / "probe.json", info)
-            probed = sim.run(scn, overrides={"service.path": str(path)})
-            probed.write(out / f"sim-{i}")
-            sims.append(probed)
+            first, mean = predict(scn, out / f"sim-{i}", sim_replications, seed=i,
+                                  overrides={"service.path": str(path)})
+            figure_sim = first if i == 1 else figure_sim
+            predictions.append(mean)
             probes.append(info)
-    if sims:
-        rows = compare_rows([r.summary for r in sims], [r.summary for r in lives],
-                            stored_summary=simulated.summary)
+    if predictions:
+        rows = compare_rows(predictions, [r.summary for r in lives], stored_summary=stored)
     else:
-        rows = compare_rows(simulated.summary, [r.summary for r in lives])
+        rows = compare_rows(stored, [r.summary for r in lives])
     data = {"scenario": scn.name, "repeats": repeats, "rho": rows[0]["rho"],
-            "probed": bool(sims), "probes": probes, "rows": rows,
+            "sim_replications": sim_replications, "probed": bool(predictions),
+            "probes": probes, "rows": rows,
             "live_health": [r.summary.get("executor_health") for r in lives],
             "calibration_warnings": lives[0].meta.get("calibration_warnings", [])}
     write_json(out / "compare.json", data)
     from executor.report import write_compare_report
 
-    write_compare_report(out / "report.html", sims[0] if sims else simulated, lives, rows)
+    write_compare_report(out / "report.html", figure_sim, lives, rows)
     return data
 
 
@@ -233,5 +271,6 @@ def probed_scenario(scn: Scenario, runners: Sequence[ModelRunner], profile_path:
     if profile is None or profile.meta.get("synthetic"):
         return scn
     measured = probe(runners[0], profile, probe_sizes(scn, profile), budget_s=budget_s)
-    path = profile.rescaled(measured.ratio_by_size, note={"by": "probe"}).save(profile_path)
+    path = profile.rescaled({profile.batch_sizes[0]: measured.scale},
+                            note={"by": "probe", "scale": measured.scale}).save(profile_path)
     return load_scenario(scn, {"service.path": str(path)})

@@ -6,8 +6,9 @@ minutes apart differ by ~10%). A sim-vs-live comparison against a stale profile 
 drift into the prediction error. ``compare`` therefore probes the device right before and
 right after each live run: a few back-to-back batches at each batch size the scenario can
 dispatch, timed from dispatch to completion through a real replica worker thread (so the
-thread hand-off a live replica pays is in the measurement). The ratio of the probe's median
-to the profile's median at each size rescales the profile
+thread hand-off a live replica pays is in the measurement). The ratios of the probe's medians
+to the profile's medians, pooled into one scale (a machine that runs slower runs every batch
+size slower; pooling halves the probe's own noise), rescale the profile
 (:meth:`calibration.profile.LatencyProfile.rescaled`) and the simulator predicts with that —
 the shape of the service-time distribution, cold samples and batching curve still come from
 the calibration; only the level is refreshed.
@@ -55,9 +56,19 @@ class Probe:
         """Probe median / profile median at each probed size."""
         return {b: self.busy_median_s[b] / self.profile_median_s[b] for b in self.busy_median_s}
 
+    @property
+    def log_ratios(self) -> list[tuple[float, int]]:
+        """(log ratio, reps) per size, for pooling."""
+        return [(math.log(r), self.reps[b]) for b, r in self.ratio_by_size.items()]
+
+    @property
+    def scale(self) -> float:
+        """The pooled ratio: geometric mean of the per-size ratios weighted by reps."""
+        return pooled_scale([self])
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (milliseconds)."""
-        return {"wall_s": self.wall_s, "sizes": [
+        return {"wall_s": self.wall_s, "scale": self.scale, "sizes": [
             {"batch_size": b, "reps": self.reps[b],
              "busy_median_ms": self.busy_median_s[b] * 1e3,
              "model_median_ms": self.model_median_s[b] * 1e3,
@@ -137,18 +148,17 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
                  time.perf_counter() - start)
 
 
-def bracket_ratios(before: Probe, after: Probe | None) -> dict[int, float]:
-    """Per-size ratio for a run bracketed by two probes: their geometric mean."""
-    if after is None:
-        return before.ratio_by_size
-    a, b = before.ratio_by_size, after.ratio_by_size
-    return {s: math.sqrt(a[s] * b[s]) for s in a if s in b}
+def pooled_scale(probes: Sequence[Probe]) -> float:
+    """One speed ratio from probes (e.g. the two around a run): the geometric mean of all
+    per-size ratios, weighted by the batches timed at each.
+    """
+    pairs = [pair for p in probes for pair in p.log_ratios]
+    total = sum(n for _, n in pairs)
+    return math.exp(sum(lr * n for lr, n in pairs) / total)
 
 
 def drift(before: Probe, after: Probe) -> float:
-    """Relative change of the device's speed across a run: geometric mean over sizes of
-    after / before − 1 (positive: slower afterwards).
+    """Relative change of the device's speed across a run: after.scale / before.scale − 1
+    (positive: slower afterwards).
     """
-    a, b = before.ratio_by_size, after.ratio_by_size
-    logs = [math.log(b[s] / a[s]) for s in a if s in b]
-    return math.exp(sum(logs) / len(logs)) - 1 if logs else math.nan
+    return after.scale / before.scale - 1

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from calibration.profile import LatencyProfile
 
 
 def precise_sleep(seconds: float) -> None:
@@ -54,3 +57,45 @@ class SleepRunner:
         """A description like the real runners'."""
         return {"model": {"name": self.name}, "device": {"kind": "cpu", "name": "cpu"},
                 "dtype": "fp32", "threads": 1}
+
+
+class ReplayRunner:
+    """A stand-in device of constant speed: each batch sleeps for a service time drawn from a
+    latency profile, as the simulator draws it (cold samples after an idle gap included).
+
+    Running the executor on it measures the fidelity of everything but the device — the
+    real-time driver, timers, thread hand-off and the simulator's queueing semantics — with the
+    real model's latency distribution, on a machine whose own speed drifts. Its draws are
+    independent of the simulator's (seeded separately).
+
+    Args:
+        profile: The latency profile to replay.
+        seed: Seeds the draws.
+    """
+
+    def __init__(self, profile: LatencyProfile, seed: int = 12345) -> None:
+        from sim.service import ProfileService
+
+        self.profile = profile
+        self.device = str(profile.device.get("kind", "cpu"))
+        self.name = str(profile.model.get("name", "replay"))
+        self._service = ProfileService(profile, np.random.default_rng(seed))
+        self._last_end = -math.inf
+
+    def payloads(self, n: int, rng: np.random.Generator) -> list[Any]:
+        """``n`` placeholder payloads."""
+        return [None] * n
+
+    def run_batch(self, payloads: Sequence[Any]) -> Any:
+        """Sleep for one draw of the profile's service time at this batch size."""
+        begin = time.perf_counter()
+        precise_sleep(self._service.sample_s(len(payloads), begin - self._last_end))
+        self._last_end = time.perf_counter()
+        return len(payloads)
+
+    def describe(self) -> dict[str, Any]:
+        """The profile's model and device, marked as a replay."""
+        return {"model": {**self.profile.model, "runner": "replay"},
+                "device": dict(self.profile.device),
+                "dtype": self.profile.meta.get("dtype", "fp32"),
+                "threads": self.profile.meta.get("threads")}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sim.build import (
@@ -90,12 +92,16 @@ def window_for(scenario: Scenario, requests: pd.DataFrame) -> Window:
 
 
 def run(scenario: Scenario | dict[str, Any] | str | Path,
-        overrides: list[str] | dict[str, Any] | None = None) -> Result:
+        overrides: list[str] | dict[str, Any] | None = None, *,
+        service_seed: int | None = None) -> Result:
     """Simulate a scenario.
 
     Args:
         scenario: A :class:`Scenario`, a dict, a YAML path, or ``builtin:NAME``.
         overrides: Dotted-key overrides, e.g. ``{"policy.max_batch_size": 16}``.
+        service_seed: Draw service times from this seed instead of the scenario's, keeping
+            its arrivals, routing and think times (replications on one arrival schedule, as
+            ``compare`` uses them). Recorded in meta.json.
 
     Returns:
         The :class:`Result` (same seed: identical tables and summary).
@@ -107,6 +113,8 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
     scn = load_scenario(scenario, overrides)
     t0 = time.perf_counter()
     streams = Streams.from_seed(scn.seed)
+    if service_seed is not None:
+        streams = dataclasses.replace(streams, service=np.random.default_rng(service_seed))
     service = build_service(scn, streams.service)
     core = build_core(scn, streams, service.median_s)
     end_s = SimPyDriver(core, service).run()
@@ -118,6 +126,7 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
     summary = summarize(requests, batches, queue, window_for(scn, requests), driver="sim")
     meta = run_meta(scn, driver="sim", device={"kind": "simulated", "service": repr(service)},
                     extra={"end_s": end_s, "wall_s": sim_wall_s, "status_counts": counts,
+                           "service_seed": service_seed,
                            "requests_per_wall_s": (len(requests) / sim_wall_s
                                                    if sim_wall_s > 0 else math.nan)})
     return Result(scn, summary, requests, batches, queue, meta)

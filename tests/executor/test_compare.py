@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from calibration.profile import LatencyProfile, ProfileError, load_profile
-from executor.compare import compare, compare_rows
-from executor.probe import bracket_ratios, drift, probe, probe_sizes
+import sim
+from executor.compare import compare, compare_rows, mean_summary
+from executor.probe import drift, pooled_scale, probe, probe_sizes
 from executor.testing import SleepRunner
 from sim.scenario import load_scenario
 
@@ -78,9 +79,9 @@ def test_probe_measures_the_device_speed_against_the_profile(tmp_path) -> None:
         assert before.ratio_by_size[size] == pytest.approx(1.3, rel=0.06)
         assert before.model_median_s[size] <= before.busy_median_s[size]
         assert before.reps[size] >= 8
+    assert before.scale == pytest.approx(1.3, rel=0.05)
     assert drift(before, after) == pytest.approx(0.10, abs=0.04)
-    mid = bracket_ratios(before, after)[1]
-    assert before.ratio_by_size[1] < mid < after.ratio_by_size[1]
+    assert before.scale < pooled_scale([before, after]) < after.scale
     with pytest.raises(ValueError, match="measured batch size"):
         probe(slow_runner(1.0), prof, [3])
 
@@ -102,7 +103,9 @@ def test_compare_with_probe_removes_the_device_drift_from_the_prediction(tmp_pat
         assert (out / f"sim-{i}" / "summary.json").exists()
         assert (out / f"live-{i}" / "probed-profile.json").exists()
         probe_info = json.loads((out / f"live-{i}" / "probe.json").read_text())
-        assert probe_info["ratio_by_size"]["1"] == pytest.approx(1.3, rel=0.06)
+        assert probe_info["scale"] == pytest.approx(1.3, rel=0.05)
+        assert json.loads((out / f"sim-{i}" / "prediction.json").read_text())[
+            "replications"] == 10
     assert (out / "sim" / "summary.json").exists() and (out / "report.html").exists()
     saved = json.loads((out / "compare.json").read_text())
     assert saved["rows"][0]["metric"] == "throughput_rps"
@@ -133,3 +136,20 @@ def test_compare_rejects_zero_repeats(tmp_path) -> None:
     with pytest.raises(ValueError, match="repeats"):
         compare(scenario(profile_file(tmp_path)), tmp_path / "x", repeats=0,
                 runners=[slow_runner(1.0)])
+
+
+def test_service_seed_keeps_the_arrivals_and_redraws_the_service_times(tmp_path) -> None:
+    cfg = scenario(profile_file(tmp_path))
+    a, b = sim.run(cfg), sim.run(cfg, service_seed=7)
+    np.testing.assert_array_equal(a.requests["arrival_s"], b.requests["arrival_s"])
+    assert not np.array_equal(a.batches["finish_s"] - a.batches["start_s"],
+                              b.batches["finish_s"] - b.batches["start_s"])
+    assert b.meta["service_seed"] == 7
+    again = sim.run(cfg, service_seed=7)
+    assert again.summary == b.summary
+
+
+def test_mean_summary_averages_numbers_recursively() -> None:
+    out = mean_summary([{"a": 1.0, "n": {"p50": 2.0}, "driver": "sim", "x": math.nan},
+                        {"a": 3.0, "n": {"p50": 4.0}, "driver": "sim", "x": 1.0}])
+    assert out == {"a": 2.0, "n": {"p50": 3.0}, "driver": "sim", "x": 1.0}
