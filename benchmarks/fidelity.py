@@ -127,8 +127,8 @@ def main() -> None:
             row = {"policy": name, "target_rho": rho, "rate_rps": rate,
                    "sim_rho": data["rho"],
                    "max_abs_drift": max((abs(d) for d in drifts), default=math.nan),
-                   "probe_ratio_1": (sum(p["ratio_by_size"]["1"] for p in data["probes"])
-                                     / len(drifts) if drifts else math.nan)}
+                   "probe_scale": (sum(p["scale"] for p in data["probes"]) / len(drifts)
+                                   if drifts else math.nan)}
             for key in KEYS:
                 r = by[key]
                 row[f"{key}:sim"] = r["sim"]
@@ -158,11 +158,12 @@ def main() -> None:
              + ("Errors are of the prediction on the profile rescaled by the probes around "
                 "each live run; 'stored' columns: the same live runs against the stored "
                 "profile; drift: the largest change of device speed between the probes before "
-                "and after one live run; probe ratio: device speed at batch 1 relative to the "
-                "stored profile." if not args.no_probe else "Probing off."), "",
+                "and after one live run; probe scale: the device's batch latency relative to "
+                "the stored profile (mean over the repeats)."
+                if not args.no_probe else "Probing off."), "",
              "| policy | ρ target | rate req/s | thr err | P50 err | P99 err | P99 spread | "
              "P99 in spread | batch err | util err | P50 err stored | P99 err stored | "
-             "drift | probe ratio |",
+             "drift | probe scale |",
              "|---|---:|---:|---:|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
@@ -173,7 +174,7 @@ def main() -> None:
             f"{100 * r['mean_batch_size:err']:+.1f}% | {100 * r['utilization:err']:+.1f}% | "
             f"{100 * r['latency_ms.p50:err_stored']:+.1f}% | "
             f"{100 * r['latency_ms.p99:err_stored']:+.1f}% | {100 * r['max_abs_drift']:.1f}% | "
-            f"{r['probe_ratio_1']:.3f} |")
+            f"{r['probe_scale']:.3f} |")
     low = frame[frame["target_rho"] <= 0.8]
 
     def met(col: str, tol: float) -> str:

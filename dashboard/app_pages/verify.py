@@ -38,6 +38,13 @@ except (OSError, json.JSONDecodeError) as exc:
 
 rows = pd.DataFrame(data["rows"])
 st.markdown(f"**{data['scenario']}** — ρ = {data['rho']:.2f}, {data['repeats']} live runs")
+probes = data.get("probes") or []
+if data.get("probed") and probes:
+    st.info("Predictions use the profile rescaled to the device's speed, probed around each "
+            "live run: " + "; ".join(
+                f"run {p['repeat']}: ×{p['scale']:.3f} (drift during the run "
+                f"{100 * p['drift']:+.1f}%)" for p in probes)
+            + ". 'stored error' is the stored profile's prediction against the same runs.")
 for note in data.get("calibration_warnings", []):
     st.warning(f"calibration mismatch: {note}")
 
@@ -52,9 +59,13 @@ def colour(row: pd.Series) -> list[str]:
     return [style if col == "error %" else "" for col in row.index]
 
 
-shown = rows.assign(**{"error %": 100 * rows["rel_error"]})[
-    ["metric", "label", "sim", "live_median", "error %", "live_min", "live_max",
-     "within_spread"]]
+columns = ["metric", "label", "sim", "live_median", "error %", "live_min", "live_max",
+           "within_spread"]
+shown = rows.assign(**{"error %": 100 * rows["rel_error"]})
+if "rel_error_stored" in rows:
+    shown = shown.assign(**{"stored error %": 100 * rows["rel_error_stored"]})
+    columns.append("stored error %")
+shown = shown[columns]
 st.dataframe(shown.style.apply(colour, axis=1).format(precision=3), hide_index=True)
 st.caption("Green: within the target (throughput and P50 ±2%, P99 ±5%) or inside the live "
            "spread; orange: outside both.")
@@ -70,6 +81,11 @@ def load_run(folder: Path) -> Result:
 
 
 runs = {"sim": load_run(path / "sim")}
+if (path / "sim-1").is_dir():
+    try:
+        runs["sim (probed, run 1)"] = load_run(path / "sim-1")
+    except (OSError, ValueError) as exc:  # e.g. the probed profile moved away
+        st.caption(f"probed simulation not shown: {exc}")
 for live_dir in sorted(path.glob("live-*")):
     runs[live_dir.name] = load_run(live_dir)
 st.plotly_chart(figures.latency_cdf(runs))

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from calibration.profile import LatencyProfile, ProfileError, load_profile
 import sim
+from calibration.profile import LatencyProfile, ProfileError, load_profile
 from executor.compare import compare, compare_rows, mean_summary
 from executor.probe import drift, pooled_scale, probe, probe_sizes
 from executor.testing import SleepRunner
