@@ -20,7 +20,7 @@ import math
 import queue
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,8 @@ class Probe:
         profile_median_s: The profile's median at the same sizes.
         reps: Batches timed at each size (after one discarded warm-up batch).
         wall_s: How long the probe took.
+        busy_se_rel: Standard error of each busy median relative to it (normal
+            approximation, 1.2533 σ / √n / median): how precise the probe is.
     """
 
     busy_median_s: dict[int, float]
@@ -50,6 +52,7 @@ class Probe:
     profile_median_s: dict[int, float]
     reps: dict[int, int]
     wall_s: float
+    busy_se_rel: dict[int, float] = field(default_factory=dict)
 
     @property
     def ratio_by_size(self) -> dict[int, float]:
@@ -73,7 +76,8 @@ class Probe:
              "busy_median_ms": self.busy_median_s[b] * 1e3,
              "model_median_ms": self.model_median_s[b] * 1e3,
              "profile_median_ms": self.profile_median_s[b] * 1e3,
-             "ratio": self.ratio_by_size[b]} for b in sorted(self.busy_median_s)]}
+             "ratio": self.ratio_by_size[b], "se_rel": self.busy_se_rel.get(b, math.nan)}
+            for b in sorted(self.busy_median_s)]}
 
 
 def probe_sizes(scenario: Scenario, profile: LatencyProfile) -> list[int]:
@@ -93,7 +97,7 @@ def probe_sizes(scenario: Scenario, profile: LatencyProfile) -> list[int]:
 
 
 def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
-          budget_s: float = 3.0, min_reps: int = 8, max_reps: int = 60,
+          budget_s: float = 3.0, min_reps: int = 8, max_reps: int = 400,
           seed: int = 0) -> Probe:
     """Time back-to-back batches of each size through a replica worker thread.
 
@@ -121,6 +125,7 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     worker = _Worker(0, runner, inbox, start, seed, Health())
     worker.start()
     busy: dict[int, float] = {}
+    busy_se: dict[int, float] = {}
     model: dict[int, float] = {}
     reps: dict[int, int] = {}
     ids = iter(range(10**9))
@@ -138,14 +143,16 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
             warm_s, _ = one(size)
             n = int(np.clip(budget_s / len(sizes) / max(warm_s, 1e-6), min_reps, max_reps))
             timed = [one(size) for _ in range(n)]
-            busy[size] = float(np.median([t[0] for t in timed]))
+            busy_s = np.array([t[0] for t in timed])
+            busy[size] = float(np.median(busy_s))
+            busy_se[size] = float(1.2533 * np.std(busy_s, ddof=1) / math.sqrt(n) / busy[size])
             model[size] = float(np.median([t[1] for t in timed]))
             reps[size] = n
     finally:
         worker.jobs.put(None)
         worker.join(timeout=60)
     return Probe(busy, model, {b: profile.median_s(b) for b in busy}, reps,
-                 time.perf_counter() - start)
+                 time.perf_counter() - start, busy_se)
 
 
 def pooled_scale(probes: Sequence[Probe]) -> float:

@@ -153,3 +153,25 @@ def test_mean_summary_averages_numbers_recursively() -> None:
     out = mean_summary([{"a": 1.0, "n": {"p50": 2.0}, "driver": "sim", "x": math.nan},
                         {"a": 3.0, "n": {"p50": 4.0}, "driver": "sim", "x": 1.0}])
     assert out == {"a": 2.0, "n": {"p50": 3.0}, "driver": "sim", "x": 1.0}
+
+
+def test_replay_runner_draws_cold_samples_after_an_idle_gap_like_the_simulator() -> None:
+    import time
+
+    from executor.testing import ReplayRunner
+
+    prof = LatencyProfile(samples_s={1: np.full(5, 0.004)}, cold_samples_s={1: np.full(5, 0.012)},
+                          model={"name": "m"}, device={"kind": "cpu"},
+                          meta={"cold": {"after_ms": 20}, "threads": 1})
+    runner = ReplayRunner(prof)
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        runner.run_batch([None])
+        return time.perf_counter() - t0
+
+    assert timed() == pytest.approx(0.012, abs=0.002)  # first call: idle since forever
+    assert timed() == pytest.approx(0.004, abs=0.002)  # back to back: warm
+    time.sleep(0.03)
+    assert timed() == pytest.approx(0.012, abs=0.002)  # after 30 ms idle (>= 20 ms): cold
+    assert runner.describe()["model"] == {"name": "m", "runner": "replay"}
