@@ -19,6 +19,7 @@ Writes benchmarks/results/fidelity-<device>.md and .csv.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import platform
 import sys
@@ -31,7 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from calibration.profile import load_profile  # noqa: E402
-from executor.compare import compare, probed_scenario, rate_for_utilization  # noqa: E402
+from executor.compare import (  # noqa: E402
+    compare,
+    compare_rows,
+    probed_scenario,
+    rate_for_utilization,
+)
 from executor.probe import probe  # noqa: E402
 from executor.run import default_runners, live  # noqa: E402
 from executor.testing import ReplayRunner  # noqa: E402
@@ -59,11 +65,12 @@ def base_scenario(profile: str, policy: dict, seconds: float, slo_ms: float) -> 
 
 def efficiency(profile_ref: str, runners: list, batch: int, seconds: float) -> dict:
     """Live throughput at saturation vs the capacity B / median(B), median from the stored
-    profile and from a probe of the device just before the run.
+    profile and from a probe of the device's model time just before the run.
     """
     profile = load_profile(profile_ref)
     capacity = batch / profile.median_s(batch)
-    probed_capacity = batch / probe(runners[0], profile, [batch], budget_s=3.0).busy_median_s[
+    # the device's speed now, model call only: the executor's overhead is what is measured
+    probed_capacity = batch / probe(runners[0], profile, [batch], budget_s=3.0).model_median_s[
         batch]
     cfg = {"name": "saturation", "seed": 3, "service": {"kind": "profile", "path": profile_ref},
            "workload": {"kind": "constant", "rate_rps": capacity * 3, "duration_s": seconds},
@@ -95,11 +102,14 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--slo-ms", type=float, default=None)
     ap.add_argument("--out", default=None, help="result name (default fidelity-<device>)")
-    ap.add_argument("--no-probe", action="store_true", help="predict from the stored profile")
+    ap.add_argument("--probe", choices=["full", "overhead", "off"], default=None,
+                    help="compare's probe mode (default: full for the model, overhead for "
+                    "replay)")
     ap.add_argument("--runner", choices=["model", "replay"], default="model",
                     help="model: the real model; replay: a constant-speed stand-in that sleeps "
-                    "for draws from the profile (isolates executor + simulator fidelity from "
-                    "the device's own drift)")
+                    "for the simulator's own service-time draws (common random numbers; each "
+                    "live run is compared with the simulated run of the same seed): what the "
+                    "executor adds, free of device drift and sampling noise")
     args = ap.parse_args()
     profile_ref = f"builtin:{args.model}-{args.device}"
     profile = load_profile(profile_ref)
@@ -109,26 +119,38 @@ def main() -> None:
     work = Path("/tmp") / f"servelab-fidelity-{args.model}-{args.device}"
     t0 = time.perf_counter()
     runners = None
+    replay = args.runner == "replay"
+    mode = args.probe or ("overhead" if replay else "full")
     rows = []
     for name in policies:
         scn = load_scenario(base_scenario(profile_ref, POLICIES[name], args.seconds, slo_ms))
         if runners is None:
-            runners = ([ReplayRunner(profile, seed=99)] if args.runner == "replay"
-                       else default_runners(scn))
-        rate_scn = scn if args.no_probe else probed_scenario(
-            scn, runners, work / name / "rate-probe-profile.json")
+            runners = ([ReplayRunner(profile, same_draws_as_seed=scn.seed)]
+                       if replay else default_runners(scn))
+        rate_scn = scn if mode == "off" else probed_scenario(
+            scn, runners, work / name / "rate-probe-profile.json", mode=mode)
         for rho in rhos:
             rate = rate_for_utilization(rate_scn, rho)
             sub = load_scenario(scn, {"workload.rate_rps": rate})
-            data = compare(sub, work / name / f"rho-{rho:g}", repeats=args.repeats,
-                           runners=runners, probe_device=not args.no_probe)
+            out = work / name / f"rho-{rho:g}"
+            data = compare(sub, out, repeats=args.repeats, runners=runners, probe_mode=mode)
+            if replay:  # the same draws: each live run against the simulated run of its seed
+                def summary(folder: Path) -> dict:
+                    return json.loads((folder / "summary.json").read_text())
+
+                lives = [summary(out / f"live-{i}") for i in range(1, args.repeats + 1)]
+                sims = ([summary(out / f"sim-{i}") for i in range(1, args.repeats + 1)]
+                        if data["probed"] else [summary(out / "sim")] * args.repeats)
+                data["rows"] = compare_rows(sims, lives, stored_summary=summary(out / "sim"))
             by = {r["metric"]: r for r in data["rows"]}
             drifts = [p["drift"] for p in data["probes"]]
             row = {"policy": name, "target_rho": rho, "rate_rps": rate,
                    "sim_rho": data["rho"],
                    "max_abs_drift": max((abs(d) for d in drifts), default=math.nan),
                    "probe_scale": (sum(p["scale"] for p in data["probes"]) / len(drifts)
-                                   if drifts else math.nan)}
+                                   if drifts else math.nan),
+                   "probe_overhead_ms": (sum(p["applied"]["add_s"] for p in data["probes"])
+                                         * 1e3 / len(drifts) if drifts else math.nan)}
             for key in KEYS:
                 r = by[key]
                 row[f"{key}:sim"] = r["sim"]
@@ -155,16 +177,21 @@ def main() -> None:
              f"{elapsed / 60:.1f} min.", "",
              "Relative error = (sim − live median) / live median; spread = (live max − min) / "
              "live median over the repeats. "
-             + ("Errors are of the prediction on the profile rescaled by the probes around "
-                "each live run; 'stored' columns: the same live runs against the stored "
-                "profile; drift: the largest change of device speed between the probes before "
-                "and after one live run; probe scale: the device's batch latency relative to "
-                "the stored profile (mean over the repeats)."
-                if not args.no_probe else "Probing off."), "",
+             + ("Errors are of the prediction on the profile refreshed by the probes around "
+                "each live run (speed scale × samples + dispatch overhead); 'stored' columns: "
+                "the same live runs against the stored profile; drift: the largest change of "
+                "device speed between the probes before and after one live run; probe scale: "
+                "the device's model time relative to the stored profile, overhead: dispatch "
+                "overhead per batch (means over the repeats)."
+                if mode == "full" else f"Probe mode: {mode}.")
+             + (" The live runs replay the simulated run's own service times (same seed) and "
+                "each is compared with that simulated run, so errors are what the executor "
+                "adds; 'stored' columns: without the probed dispatch overhead."
+                if replay else ""), "",
              "| policy | ρ target | rate req/s | thr err | P50 err | P99 err | P99 spread | "
              "P99 in spread | batch err | util err | P50 err stored | P99 err stored | "
-             "drift | probe scale |",
-             "|---|---:|---:|---:|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|"]
+             "drift | probe scale | overhead ms |",
+             "|---|---:|---:|---:|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['policy']} | {r['target_rho']:.1f} | {r['rate_rps']:.2f} | "
@@ -174,7 +201,7 @@ def main() -> None:
             f"{100 * r['mean_batch_size:err']:+.1f}% | {100 * r['utilization:err']:+.1f}% | "
             f"{100 * r['latency_ms.p50:err_stored']:+.1f}% | "
             f"{100 * r['latency_ms.p99:err_stored']:+.1f}% | {100 * r['max_abs_drift']:.1f}% | "
-            f"{r['probe_scale']:.3f} |")
+            f"{r['probe_scale']:.3f} | {r['probe_overhead_ms']:.3f} |")
     low = frame[frame["target_rho"] <= 0.8]
 
     def met(col: str, tol: float) -> str:

@@ -20,7 +20,7 @@ import pandas as pd
 
 import sim
 from calibration.runners import ModelRunner
-from executor.probe import drift, pooled_scale, probe, probe_sizes
+from executor.probe import PROBE_MODES, drift, pooled_scale, probe, probe_sizes
 from executor.run import default_runners, live, scenario_profile
 from sim.rundir import write_json
 from sim.runner import Result
@@ -127,7 +127,7 @@ def predict(scn: Scenario, out_dir: Path, replications: int, *, seed: int = 0,
 def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path, *,
             repeats: int = 3, overrides: list[str] | dict[str, Any] | None = None,
             runners: Sequence[ModelRunner] | None = None,
-            progress: Callable[[str], None] | None = None, probe_device: bool = True,
+            progress: Callable[[str], None] | None = None, probe_mode: str = "full",
             probe_budget_s: float = 3.0, sim_replications: int = 10) -> dict[str, Any]:
     """Simulate the scenario and run it live ``repeats`` times; write and return the comparison.
 
@@ -135,16 +135,19 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     prediction is the mean over ``sim_replications`` simulations of the same arrival schedule
     with independent service-time draws (``prediction.json`` next to the first one's tables).
 
-    With ``probe_device`` (and a measured profile) each live run is bracketed by two probes of
-    the device's current speed (:mod:`executor.probe`); the profile rescaled to them gives
-    that repeat's prediction (``DIR/sim-K/``, profile in ``DIR/live-K/``), and the median of
-    those is compared. ``DIR/sim/`` is always the stored profile's prediction; its errors are
-    kept per metric as ``rel_error_stored``.
+    With ``probe_mode`` ``full`` (and a measured profile) each live run is bracketed by two
+    probes of the device (:mod:`executor.probe`); the profile rescaled to their speed scale
+    plus the measured dispatch overhead gives that repeat's prediction (``DIR/sim-K/``,
+    profile in ``DIR/live-K/``), and the median of those is compared. ``overhead`` applies the
+    overhead only; ``off`` predicts from the stored profile. ``DIR/sim/`` is always the stored
+    profile's prediction; its errors are kept per metric as ``rel_error_stored``.
     """
     if repeats < 1:
         raise ValueError(f"--repeats {repeats}: must be >= 1")
     if sim_replications < 1:
         raise ValueError(f"sim_replications {sim_replications}: must be >= 1")
+    if probe_mode not in PROBE_MODES:
+        raise ValueError(f"--probe {probe_mode!r}: allowed: {', '.join(PROBE_MODES)}")
     scn = load_scenario(scenario, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -153,7 +156,8 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     figure_sim, stored = predict(scn, out / "sim", sim_replications)
     runner_list = list(runners) if runners is not None else default_runners(scn)
     profile = scenario_profile(scn)
-    probing = probe_device and profile is not None and not profile.meta.get("synthetic")
+    probing = (probe_mode != "off" and profile is not None
+               and not profile.meta.get("synthetic"))
     sizes = probe_sizes(scn, profile) if probing and profile is not None else []
     lives: list[Result] = []
     predictions: list[dict[str, Any]] = []
@@ -169,11 +173,10 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
         lives.append(result)
         if before is not None and profile is not None:
             after = probe(runner_list[0], profile, sizes, budget_s=probe_budget_s, seed=i + 500)
-            scale = pooled_scale([before, after])
-            info = {"repeat": i, "scale": scale, "drift": drift(before, after),
+            scaled = before.profile_for(profile, probe_mode, [after])
+            info = {"repeat": i, "mode": probe_mode, "scale": pooled_scale([before, after]),
+                    "applied": scaled.meta["rescaled"], "drift": drift(before, after),
                     "before": before.to_dict(), "after": after.to_dict()}
-            scaled = profile.rescaled({profile.batch_sizes[0]: scale},
-                                      note={"by": "compare probe", "repeat": i, "scale": scale})
             path = scaled.save(out / f"live-{i}" / "probed-profile.json")
             write_json(out / f"live-{i}" / "probe.json", info)
             first, mean = predict(scn, out / f"sim-{i}", sim_replications, seed=i,
@@ -187,6 +190,7 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
         rows = compare_rows(stored, [r.summary for r in lives])
     data = {"scenario": scn.name, "repeats": repeats, "rho": rows[0]["rho"],
             "sim_replications": sim_replications, "probed": bool(predictions),
+            "probe_mode": probe_mode if predictions else "off",
             "probes": probes, "rows": rows,
             "live_health": [r.summary.get("executor_health") for r in lives],
             "calibration_warnings": lives[0].meta.get("calibration_warnings", [])}
@@ -232,19 +236,19 @@ def sweep(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path,
           rhos: Sequence[float], *, repeats: int = 3,
           overrides: list[str] | dict[str, Any] | None = None,
           runners: Sequence[ModelRunner] | None = None,
-          progress: Callable[[str], None] | None = None, probe_device: bool = True,
+          progress: Callable[[str], None] | None = None, probe_mode: str = "full",
           probe_budget_s: float = 3.0) -> pd.DataFrame:
     """``compare`` at each target utilisation; writes ``fidelity.csv`` and returns it.
 
-    With ``probe_device`` the rates are found on the profile rescaled by a probe of the
-    device taken first, so that each target ρ is the utilisation the device really sees.
+    When probing, the rates are found on the profile refreshed by a probe of the device taken
+    first, so that each target ρ is the utilisation the device really sees.
     """
     scn = load_scenario(scenario, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runner_list = list(runners) if runners is not None else default_runners(scn)
     rate_scn = probed_scenario(scn, runner_list, out / "rate-probe-profile.json",
-                               probe_budget_s) if probe_device else scn
+                               probe_budget_s, probe_mode) if probe_mode != "off" else scn
     rows = []
     for rho in rhos:
         rate = rate_for_utilization(rate_scn, rho)
@@ -252,7 +256,7 @@ def sweep(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path,
             progress(f"rho={rho}: {rate:.1f} req/s")
         sub = load_scenario(scn, {"workload.rate_rps": rate})
         data = compare(sub, out / f"rho-{rho:g}", repeats=repeats, runners=runner_list,
-                       progress=progress, probe_device=probe_device,
+                       progress=progress, probe_mode=probe_mode,
                        probe_budget_s=probe_budget_s)
         for row in data["rows"]:
             rows.append({"target_rho": rho, "rate_rps": rate, **row})
@@ -263,7 +267,7 @@ def sweep(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path,
 
 
 def probed_scenario(scn: Scenario, runners: Sequence[ModelRunner], profile_path: Path,
-                    budget_s: float = 3.0) -> Scenario:
+                    budget_s: float = 3.0, mode: str = "full") -> Scenario:
     """The scenario with its profile rescaled by one probe of the device now (unchanged when
     its service is not a measured profile).
     """
@@ -271,6 +275,5 @@ def probed_scenario(scn: Scenario, runners: Sequence[ModelRunner], profile_path:
     if profile is None or profile.meta.get("synthetic"):
         return scn
     measured = probe(runners[0], profile, probe_sizes(scn, profile), budget_s=budget_s)
-    path = profile.rescaled({profile.batch_sizes[0]: measured.scale},
-                            note={"by": "probe", "scale": measured.scale}).save(profile_path)
+    path = measured.profile_for(profile, mode).save(profile_path)
     return load_scenario(scn, {"service.path": str(path)})

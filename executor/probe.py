@@ -4,12 +4,20 @@ A profile is measured once; a machine's speed is not constant (frequency scaling
 tenants, thermal state — on the shared CPU VM we develop on, identical calibrations two
 minutes apart differ by ~10%). A sim-vs-live comparison against a stale profile mixes that
 drift into the prediction error. ``compare`` therefore probes the device right before and
-right after each live run: a few back-to-back batches at each batch size the scenario can
-dispatch, timed from dispatch to completion through a real replica worker thread (so the
-thread hand-off a live replica pays is in the measurement). The ratios of the probe's medians
-to the profile's medians, pooled into one scale (a machine that runs slower runs every batch
-size slower; pooling halves the probe's own noise), rescale the profile
-(:meth:`calibration.profile.LatencyProfile.rescaled`) and the simulator predicts with that —
+right after each live run: back-to-back batches at each batch size the scenario can
+dispatch, sent through a real replica worker thread exactly as the live driver sends them.
+Each batch yields two times:
+
+- the model time (inside ``run_batch``, what calibration measures): the ratio of its medians
+  to the profile's, pooled over sizes into one **speed scale** (a machine that runs slower
+  runs every batch size slower; pooling halves the probe's own noise);
+- the **dispatch overhead**: from handing the batch to the worker until the driver thread
+  has the completion in hand, minus the model time — thread wake-ups on both sides, payload
+  preparation. The replica cannot start its next batch before then, so it is part of the
+  service time a queue sees; it is nearly constant, so its median is precise.
+
+The profile rescaled by the scale plus the overhead
+(:meth:`calibration.profile.LatencyProfile.rescaled`) is what the simulator predicts with —
 the shape of the service-time distribution, cold samples and batching curve still come from
 the calibration; only the level is refreshed.
 """
@@ -34,30 +42,31 @@ from sim.scenario import Scenario
 
 @dataclass(frozen=True)
 class Probe:
-    """Back-to-back batch latencies measured through a replica worker, per batch size.
+    """Back-to-back batches measured through a replica worker, per batch size.
 
     Attributes:
-        busy_median_s: Median time from dispatch to completion (what a live replica is busy
-            for), by batch size.
-        model_median_s: Median time inside the model call only, by batch size.
+        model_median_s: Median time inside the model call, by batch size.
         profile_median_s: The profile's median at the same sizes.
+        overhead_s: Median over all batches of (dispatch to completion in the driver's hands)
+            minus the model time.
         reps: Batches timed at each size (after one discarded warm-up batch).
         wall_s: How long the probe took.
-        busy_se_rel: Standard error of each busy median relative to it (normal
+        model_se_rel: Standard error of each model-time median relative to it (normal
             approximation, 1.2533 σ / √n / median): how precise the probe is.
     """
 
-    busy_median_s: dict[int, float]
     model_median_s: dict[int, float]
     profile_median_s: dict[int, float]
+    overhead_s: float
     reps: dict[int, int]
     wall_s: float
-    busy_se_rel: dict[int, float] = field(default_factory=dict)
+    model_se_rel: dict[int, float] = field(default_factory=dict)
 
     @property
     def ratio_by_size(self) -> dict[int, float]:
-        """Probe median / profile median at each probed size."""
-        return {b: self.busy_median_s[b] / self.profile_median_s[b] for b in self.busy_median_s}
+        """Model-time median / profile median at each probed size."""
+        return {b: self.model_median_s[b] / self.profile_median_s[b]
+                for b in self.model_median_s}
 
     @property
     def log_ratios(self) -> list[tuple[float, int]]:
@@ -71,13 +80,36 @@ class Probe:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (milliseconds)."""
-        return {"wall_s": self.wall_s, "scale": self.scale, "sizes": [
-            {"batch_size": b, "reps": self.reps[b],
-             "busy_median_ms": self.busy_median_s[b] * 1e3,
-             "model_median_ms": self.model_median_s[b] * 1e3,
-             "profile_median_ms": self.profile_median_s[b] * 1e3,
-             "ratio": self.ratio_by_size[b], "se_rel": self.busy_se_rel.get(b, math.nan)}
-            for b in sorted(self.busy_median_s)]}
+        return {"wall_s": self.wall_s, "scale": self.scale,
+                "overhead_ms": self.overhead_s * 1e3, "sizes": [
+                    {"batch_size": b, "reps": self.reps[b],
+                     "model_median_ms": self.model_median_s[b] * 1e3,
+                     "profile_median_ms": self.profile_median_s[b] * 1e3,
+                     "ratio": self.ratio_by_size[b],
+                     "se_rel": self.model_se_rel.get(b, math.nan)}
+                    for b in sorted(self.model_median_s)]}
+
+    def profile_for(self, profile: LatencyProfile, mode: str = "full",
+                    others: Sequence[Probe] = ()) -> LatencyProfile:
+        """``profile`` refreshed by this probe (and ``others``, e.g. the one after a run).
+
+        Args:
+            profile: The stored profile.
+            mode: ``full``: pooled speed scale and dispatch overhead; ``overhead``: only the
+                overhead (the device's speed is known to match the profile, e.g. a replay).
+            others: More probes to pool with this one.
+        """
+        if mode not in PROBE_MODES[1:]:
+            raise ValueError(f"probe mode {mode!r}: allowed: {', '.join(PROBE_MODES[1:])}")
+        probes = [self, *others]
+        scale = pooled_scale(probes) if mode == "full" else 1.0
+        overhead_s = float(np.median([p.overhead_s for p in probes]))
+        return profile.rescaled({profile.batch_sizes[0]: scale}, add_s=overhead_s,
+                                note={"by": "probe", "mode": mode, "scale": scale,
+                                      "overhead_ms": overhead_s * 1e3})
+
+
+PROBE_MODES = ("off", "full", "overhead")
 
 
 def probe_sizes(scenario: Scenario, profile: LatencyProfile) -> list[int]:
@@ -124,9 +156,9 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     start = time.perf_counter()
     worker = _Worker(0, runner, inbox, start, seed, Health())
     worker.start()
-    busy: dict[int, float] = {}
-    busy_se: dict[int, float] = {}
     model: dict[int, float] = {}
+    model_se: dict[int, float] = {}
+    overheads: list[float] = []
     reps: dict[int, int] = {}
     ids = iter(range(10**9))
 
@@ -134,25 +166,26 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
         batch = Batch(next(ids), 0, tuple(range(size)), size, time.perf_counter() - start, 0.0)
         worker.jobs.put(batch)
         done = inbox.get()
+        received_s = time.perf_counter() - start
         if done.error:
             raise RuntimeError(f"probe: the model failed at batch size {size}: {done.error}")
-        return done.finish_s - batch.start_s, done.service_s
+        return done.service_s, received_s - batch.start_s - done.service_s
 
     try:
         for size in sizes:
             warm_s, _ = one(size)
             n = int(np.clip(budget_s / len(sizes) / max(warm_s, 1e-6), min_reps, max_reps))
-            timed = [one(size) for _ in range(n)]
-            busy_s = np.array([t[0] for t in timed])
-            busy[size] = float(np.median(busy_s))
-            busy_se[size] = float(1.2533 * np.std(busy_s, ddof=1) / math.sqrt(n) / busy[size])
-            model[size] = float(np.median([t[1] for t in timed]))
+            timed = np.array([one(size) for _ in range(n)])
+            model[size] = float(np.median(timed[:, 0]))
+            model_se[size] = float(1.2533 * np.std(timed[:, 0], ddof=1) / math.sqrt(n)
+                                   / model[size])
+            overheads.extend(timed[:, 1].tolist())
             reps[size] = n
     finally:
         worker.jobs.put(None)
         worker.join(timeout=60)
-    return Probe(busy, model, {b: profile.median_s(b) for b in busy}, reps,
-                 time.perf_counter() - start, busy_se)
+    return Probe(model, {b: profile.median_s(b) for b in model}, float(np.median(overheads)),
+                 reps, time.perf_counter() - start, model_se)
 
 
 def pooled_scale(probes: Sequence[Probe]) -> float:

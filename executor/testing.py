@@ -65,22 +65,40 @@ class ReplayRunner:
 
     Running the executor on it measures the fidelity of everything but the device — the
     real-time driver, timers, thread hand-off and the simulator's queueing semantics — with the
-    real model's latency distribution, on a machine whose own speed drifts. Its draws are
-    independent of the simulator's (seeded separately).
+    real model's latency distribution, on a machine whose own speed drifts.
 
     Args:
         profile: The latency profile to replay.
-        seed: Seeds the draws.
+        seed: Seeds the draws (independent of the simulator's).
+        same_draws_as_seed: Instead, draw exactly the simulator's service-time stream for a
+            scenario with this seed, restarted for every worker thread (every live run), so a
+            live run and the simulation of the same scenario see the same service times in the
+            same dispatch order: what differs is only what the executor adds (common random
+            numbers; the most precise check of the executor).
     """
 
-    def __init__(self, profile: LatencyProfile, seed: int = 12345) -> None:
-        from sim.service import ProfileService
-
+    def __init__(self, profile: LatencyProfile, seed: int = 12345,
+                 same_draws_as_seed: int | None = None) -> None:
         self.profile = profile
         self.device = str(profile.device.get("kind", "cpu"))
         self.name = str(profile.model.get("name", "replay"))
-        self._service = ProfileService(profile, np.random.default_rng(seed))
+        self.same_draws_as_seed = same_draws_as_seed
+        self._service = self._fresh_service(seed)
         self._last_end = -math.inf
+
+    def _fresh_service(self, seed: int) -> Any:
+        from sim.build import Streams
+        from sim.service import ProfileService
+
+        if self.same_draws_as_seed is None:
+            return ProfileService(self.profile, np.random.default_rng(seed))
+        return ProfileService(self.profile, Streams.from_seed(self.same_draws_as_seed).service)
+
+    def prepare_thread(self) -> None:
+        """A new worker (a new live run): restart the simulator's stream when replaying it."""
+        if self.same_draws_as_seed is not None:
+            self._service = self._fresh_service(0)
+            self._last_end = -math.inf
 
     def payloads(self, n: int, rng: np.random.Generator) -> list[Any]:
         """``n`` placeholder payloads."""

@@ -170,10 +170,11 @@ def compare_cmd(
     ] = None,
     sweep_: Annotated[str | None, typer.Option(
         "--sweep", help="Comma-separated target utilisations, e.g. 0.3,0.6,0.8,0.9.")] = None,
-    probe: Annotated[bool, typer.Option(
-        "--probe/--no-probe", help="Re-measure the device's speed around each live run and "
-        "predict with the profile rescaled to it (the stored profile's errors are kept too)."),
-    ] = True,
+    probe: Annotated[str, typer.Option(
+        "--probe", help="full: re-measure the device's speed and the dispatch overhead around "
+        "each live run and predict on the profile refreshed by them (the stored profile's "
+        "errors are kept too); overhead: the overhead only; off: the stored profile."),
+    ] = "full",
     probe_budget_s: Annotated[float, typer.Option(
         "--probe-budget-s", min=0.1, help="Seconds each probe may take.")] = 3.0,
 ) -> None:
@@ -184,13 +185,13 @@ def compare_cmd(
         if sweep_:
             rhos = [float(x) for x in sweep_.split(",") if x.strip()]
             frame = sweep(scenario, out, rhos, repeats=repeats, overrides=set_ or None,
-                          progress=lambda m: console.print(f"[dim]{m}[/]"), probe_device=probe,
+                          progress=lambda m: console.print(f"[dim]{m}[/]"), probe_mode=probe,
                           probe_budget_s=probe_budget_s)
             console.print(_fidelity_table(frame))
             console.print(f"fidelity curve: {out / 'fidelity.csv'}")
             return
         data = compare(scenario, out, repeats=repeats, overrides=set_ or None,
-                       progress=lambda m: console.print(f"[dim]{m}[/]"), probe_device=probe,
+                       progress=lambda m: console.print(f"[dim]{m}[/]"), probe_mode=probe,
                        probe_budget_s=probe_budget_s)
     except USER_ERRORS as exc:
         fail(str(exc))
