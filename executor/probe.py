@@ -14,7 +14,7 @@ Each batch yields two times:
 - the **dispatch overhead**: from handing the batch to the worker until the driver thread
   has the completion in hand, minus the model time — thread wake-ups on both sides, payload
   preparation. The replica cannot start its next batch before then, so it is part of the
-  service time a queue sees; it is nearly constant, so its median is precise.
+  service time a queue sees; it is nearly constant, so its mean is precise.
 
 The profile rescaled by the scale plus the overhead
 (:meth:`calibration.profile.LatencyProfile.rescaled`) is what the simulator predicts with —
@@ -47,8 +47,9 @@ class Probe:
     Attributes:
         model_median_s: Median time inside the model call, by batch size.
         profile_median_s: The profile's median at the same sizes.
-        overhead_s: Median over all batches of (dispatch to completion in the driver's hands)
-            minus the model time.
+        overhead_s: Mean over all batches of (dispatch to completion in the driver's hands)
+            minus the model time (the mean: a queue's load grows with the mean service time,
+            and the rare slow wake-up counts).
         reps: Batches timed at each size (after one discarded warm-up batch).
         wall_s: How long the probe took.
         model_se_rel: Standard error of each model-time median relative to it (normal
@@ -103,7 +104,7 @@ class Probe:
             raise ValueError(f"probe mode {mode!r}: allowed: {', '.join(PROBE_MODES[1:])}")
         probes = [self, *others]
         scale = pooled_scale(probes) if mode == "full" else 1.0
-        overhead_s = float(np.median([p.overhead_s for p in probes]))
+        overhead_s = float(np.mean([p.overhead_s for p in probes]))
         return profile.rescaled({profile.batch_sizes[0]: scale}, add_s=overhead_s,
                                 note={"by": "probe", "mode": mode, "scale": scale,
                                       "overhead_ms": overhead_s * 1e3})
@@ -184,7 +185,7 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     finally:
         worker.jobs.put(None)
         worker.join(timeout=60)
-    return Probe(model, {b: profile.median_s(b) for b in model}, float(np.median(overheads)),
+    return Probe(model, {b: profile.median_s(b) for b in model}, float(np.mean(overheads)),
                  reps, time.perf_counter() - start, model_se)
 
 

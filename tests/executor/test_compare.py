@@ -213,3 +213,29 @@ def test_replay_of_the_same_draws_reproduces_the_simulated_run(tmp_path) -> None
         n = min(len(sim_svc), len(live_svc))
         # the same draws in the same order, plus the hand-off (well under 2 ms)
         assert n > 40 and np.median(np.abs(live_svc[:n] - sim_svc[:n])) < 0.002
+
+
+def test_cli_compare_with_the_real_mlp(tmp_path) -> None:
+    pytest.importorskip("torch")
+    import yaml
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+
+    cfg = {"name": "mlp-cmp", "seed": 2, "service": {"kind": "profile", "path": "builtin:mlp-cpu"},
+           "workload": {"kind": "poisson", "rate_rps": 300, "duration_s": 1.5},
+           "policy": {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 2},
+           "warmup_s": 0.3}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(app, ["compare", str(path), "--repeats", "1", "--out", str(out),
+                                      "--probe-budget-s", "0.3"])
+    assert result.exit_code == 0, result.output
+    assert "stored-profile error" in result.output and "latency p99" in result.output
+    data = json.loads((out / "compare.json").read_text())
+    assert data["probed"] and data["probe_mode"] == "full"
+    assert data["probes"][0]["scale"] > 0 and data["rows"][0]["rel_error"] == pytest.approx(
+        0, abs=0.02)  # throughput: the same schedule, nothing lost
+    bad = CliRunner().invoke(app, ["compare", str(path), "--probe", "fast", "--out", str(out)])
+    assert bad.exit_code == 2 and "allowed: off, full, overhead" in bad.output
