@@ -5,15 +5,15 @@ tenants, thermal state — on the shared CPU VM we develop on, identical calibra
 minutes apart differ by ~10%). A sim-vs-live comparison against a stale profile mixes that
 drift into the prediction error. ``compare`` therefore probes the device right before and
 right after each live run: back-to-back batches at each batch size the scenario can
-dispatch, sent through a real replica worker thread exactly as the live driver sends them.
-Each batch yields two times:
+dispatch, run by the live driver itself (a short run at saturation on the same runner: the same
+driver and worker threads, bookkeeping and policy calls). Each batch yields two times:
 
 - the model time (inside ``run_batch``, what calibration measures): the ratio of its medians
   to the profile's, pooled over sizes into one **speed scale** (a machine that runs slower
   runs every batch size slower; pooling halves the probe's own noise);
-- the **dispatch overhead**: from handing the batch to the worker until the driver thread
-  has the completion in hand, minus the model time — thread wake-ups on both sides, payload
-  preparation. The replica cannot start its next batch before then, so it is part of the
+- the **dispatch overhead**: from one batch's dispatch to the next one's, minus the model
+  time — thread wake-ups on both sides, payload preparation, the driver's bookkeeping and
+  policy call. The replica cannot start its next batch before then, so it is part of the
   service time a queue sees; it is nearly constant, so its mean is precise.
 
 The profile rescaled by the scale plus the overhead
@@ -25,7 +25,6 @@ the calibration; only the level is refreshed.
 from __future__ import annotations
 
 import math
-import queue
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,20 +34,18 @@ import numpy as np
 
 from calibration.profile import LatencyProfile
 from calibration.runners import ModelRunner
-from executor.live import Health, _Done, _Worker
-from sim.core import Batch
 from sim.scenario import Scenario
 
 
 @dataclass(frozen=True)
 class Probe:
-    """Back-to-back batches measured through a replica worker, per batch size.
+    """Back-to-back batches measured through the live driver, per batch size.
 
     Attributes:
         model_median_s: Median time inside the model call, by batch size.
         profile_median_s: The profile's median at the same sizes.
-        overhead_s: Mean over all batches of (dispatch to completion in the driver's hands)
-            minus the model time (the mean: a queue's load grows with the mean service time,
+        overhead_s: Mean over all batches of (dispatch to the next batch's dispatch) minus
+            the model time (the mean: a queue's load grows with the mean service time,
             and the rare slow wake-up counts).
         reps: Batches timed at each size (after one discarded warm-up batch).
         wall_s: How long the probe took.
@@ -129,10 +126,41 @@ def probe_sizes(scenario: Scenario, profile: LatencyProfile) -> list[int]:
     return sizes or [profile.batch_sizes[0]]
 
 
+def _saturated(runner: ModelRunner, size: int, n_batches: int, seed: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Run ``n_batches`` full batches of ``size`` back to back through the live driver.
+
+    Returns:
+        Per batch except the last: the model time and the overhead (from this batch's
+        dispatch to the next one's, minus the model time).
+    """
+    from executor.live import LiveDriver
+    from executor.run import live
+
+    drivers: list[LiveDriver] = []
+    cfg = {"name": "probe", "seed": seed, "service": {"kind": "constant", "ms": 1.0},
+           "workload": {"kind": "constant", "rate_rps": 1e6, "n_requests": size * n_batches},
+           "policy": {"kind": "fixed", "batch_size": size}}
+    result = live(cfg, runners=[runner], on_driver=drivers.append)
+    failed = result.batches[result.batches["failed"]]
+    if len(failed):
+        reason = result.requests.loc[result.requests["status"] == "failed", "reason"].iloc[0]
+        raise RuntimeError(f"probe: the model failed at batch size {size}: {reason}")
+    batches = result.batches.sort_values("start_s")
+    start = batches["start_s"].to_numpy()
+    handoff = np.asarray(drivers[0].health.handoff_s)
+    model = batches["finish_s"].to_numpy() - start - handoff
+    return model[:-1], np.diff(start) - model[:-1]
+
+
 def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
           budget_s: float = 3.0, min_reps: int = 8, max_reps: int = 400,
           seed: int = 0) -> Probe:
-    """Time back-to-back batches of each size through a replica worker thread.
+    """Run back-to-back batches of each size through the live driver and time them.
+
+    Each size is a short live run at saturation (a backlog of requests, a fixed batch size)
+    on ``runner``: the same driver thread, worker thread, bookkeeping and policy calls a live
+    run has. The first batch (after idling) is discarded.
 
     Args:
         runner: The model runner (the one a live replica uses).
@@ -153,40 +181,24 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
                          f"profile ({profile.batch_sizes})")
     if not 1 <= min_reps <= max_reps or budget_s <= 0:
         raise ValueError("probe: need 1 <= min_reps <= max_reps and budget_s > 0")
-    inbox: queue.Queue[_Done] = queue.Queue()
-    start = time.perf_counter()
-    worker = _Worker(0, runner, inbox, start, seed, Health())
-    worker.start()
+    t0 = time.perf_counter()
     model: dict[int, float] = {}
     model_se: dict[int, float] = {}
     overheads: list[float] = []
     reps: dict[int, int] = {}
-    ids = iter(range(10**9))
-
-    def one(size: int) -> tuple[float, float]:
-        batch = Batch(next(ids), 0, tuple(range(size)), size, time.perf_counter() - start, 0.0)
-        worker.jobs.put(batch)
-        done = inbox.get()
-        received_s = time.perf_counter() - start
-        if done.error:
-            raise RuntimeError(f"probe: the model failed at batch size {size}: {done.error}")
-        return done.service_s, received_s - batch.start_s - done.service_s
-
-    try:
-        for size in sizes:
-            warm_s, _ = one(size)
-            n = int(np.clip(budget_s / len(sizes) / max(warm_s, 1e-6), min_reps, max_reps))
-            timed = np.array([one(size) for _ in range(n)])
-            model[size] = float(np.median(timed[:, 0]))
-            model_se[size] = float(1.2533 * np.std(timed[:, 0], ddof=1) / math.sqrt(n)
-                                   / model[size])
-            overheads.extend(timed[:, 1].tolist())
-            reps[size] = n
-    finally:
-        worker.jobs.put(None)
-        worker.join(timeout=60)
+    for size in sizes:
+        pilot, _ = _saturated(runner, size, 3, seed)  # warm-up; sets the repetitions
+        n = int(np.clip(budget_s / len(sizes) / max(float(pilot[-1]), 1e-6), min_reps,
+                        max_reps))
+        times, extra = _saturated(runner, size, n + 2, seed)
+        times, extra = times[1:], extra[1:]  # the first batch ran after idling
+        model[size] = float(np.median(times))
+        model_se[size] = float(1.2533 * np.std(times, ddof=1) / math.sqrt(times.size)
+                               / model[size])
+        overheads.extend(extra.tolist())
+        reps[size] = int(times.size)
     return Probe(model, {b: profile.median_s(b) for b in model}, float(np.mean(overheads)),
-                 reps, time.perf_counter() - start, model_se)
+                 reps, time.perf_counter() - t0, model_se)
 
 
 def pooled_scale(probes: Sequence[Probe]) -> float:
