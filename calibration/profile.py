@@ -143,9 +143,10 @@ class LatencyProfile:
         return float((self.meta.get("cold") or {}).get("after_ms", 10.0)) / 1e3
 
     def rescaled(self, ratio_by_size: dict[int, float], note: dict[str, Any] | None = None,
-                 add_s: float = 0.0) -> LatencyProfile:
+                 add_s: float = 0.0, cold_ratio: float | None = None) -> LatencyProfile:
         """A copy with every sample at size ``b`` (warm and cold) multiplied by a ratio, plus
-        ``add_s`` seconds (a per-batch overhead outside the model call).
+        ``add_s`` seconds (a per-batch overhead outside the model call). With ``cold_ratio``
+        the cold samples are multiplied by it instead (cold runs re-measured on their own).
 
         Ratios are given at some batch sizes (a probe's measured / profiled medians); other
         sizes take the ratio interpolated linearly in log batch size, and the nearest given
@@ -156,6 +157,8 @@ class LatencyProfile:
         """
         if not ratio_by_size:
             raise ProfileError("rescaled: needs at least one batch size's ratio")
+        if cold_ratio is not None and not (math.isfinite(cold_ratio) and cold_ratio > 0):
+            raise ProfileError(f"rescaled: cold_ratio {cold_ratio!r} must be finite and > 0")
         if not (math.isfinite(add_s) and add_s >= 0):
             raise ProfileError(f"rescaled: add_s {add_s!r} must be finite and >= 0")
         for size, ratio in ratio_by_size.items():
@@ -170,12 +173,14 @@ class LatencyProfile:
             return float(np.interp(math.log(size), log_sizes, ratios))
 
         meta = dict(self.meta)
-        meta["rescaled"] = {**(note or {}), "add_s": add_s, "ratio_by_size": {
+        meta["rescaled"] = {**(note or {}), "add_s": add_s, "cold_ratio": cold_ratio,
+                            "ratio_by_size": {
             str(b): round(ratio_at(b), 6) for b in self.samples_s}}
         return LatencyProfile(
             samples_s={b: s * ratio_at(b) + add_s for b, s in self.samples_s.items()},
             model=dict(self.model),
-            cold_samples_s={b: s * ratio_at(b) + add_s for b, s in self.cold_samples_s.items()},
+            cold_samples_s={b: s * (ratio_at(b) if cold_ratio is None else cold_ratio) + add_s
+                            for b, s in self.cold_samples_s.items()},
             device=dict(self.device), meta=meta, extrapolate=self.extrapolate)
 
     # -- internals ---------------------------------------------------------------------------

@@ -16,10 +16,15 @@ driver and worker threads, bookkeeping and policy calls). Each batch yields two 
   policy call. The replica cannot start its next batch before then, so it is part of the
   service time a queue sees; it is nearly constant, so its mean is precise.
 
-The profile rescaled by the scale plus the overhead
+When the profile has cold samples (runs after an idle gap), the probe also times batches of
+the smallest size each after the same idle gap, for a separate **cold scale**: how much
+slower a model runs after idling is not stable either (+49% on the day minilm-cpu was
+measured, +3–6% on a later afternoon).
+
+The profile rescaled by the scales plus the overhead
 (:meth:`calibration.profile.LatencyProfile.rescaled`) is what the simulator predicts with —
-the shape of the service-time distribution, cold samples and batching curve still come from
-the calibration; only the level is refreshed.
+the shape of the service-time distribution and the batching curve still come from the
+calibration; only the levels are refreshed.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ class Probe:
         wall_s: How long the probe took.
         model_se_rel: Standard error of each model-time median relative to it (normal
             approximation, 1.2533 σ / √n / median): how precise the probe is.
+        cold_size: The size probed cold (0: none).
+        cold_median_s: Median model time of the cold batches.
+        cold_profile_median_s: The profile's cold median at that size.
+        cold_reps: Cold batches timed.
     """
 
     model_median_s: dict[int, float]
@@ -59,6 +68,15 @@ class Probe:
     reps: dict[int, int]
     wall_s: float
     model_se_rel: dict[int, float] = field(default_factory=dict)
+    cold_size: int = 0
+    cold_median_s: float = math.nan
+    cold_profile_median_s: float = math.nan
+    cold_reps: int = 0
+
+    @property
+    def cold_ratio(self) -> float:
+        """Cold median / the profile's cold median (nan when not probed)."""
+        return self.cold_median_s / self.cold_profile_median_s if self.cold_reps else math.nan
 
     @property
     def ratio_by_size(self) -> dict[int, float]:
@@ -79,7 +97,12 @@ class Probe:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (milliseconds)."""
         return {"wall_s": self.wall_s, "scale": self.scale,
-                "overhead_ms": self.overhead_s * 1e3, "sizes": [
+                "overhead_ms": self.overhead_s * 1e3,
+                "cold": {"batch_size": self.cold_size, "reps": self.cold_reps,
+                         "model_median_ms": self.cold_median_s * 1e3,
+                         "profile_median_ms": self.cold_profile_median_s * 1e3,
+                         "ratio": self.cold_ratio},
+                "sizes": [
                     {"batch_size": b, "reps": self.reps[b],
                      "model_median_ms": self.model_median_s[b] * 1e3,
                      "profile_median_ms": self.profile_median_s[b] * 1e3,
@@ -101,8 +124,10 @@ class Probe:
             raise ValueError(f"probe mode {mode!r}: allowed: {', '.join(PROBE_MODES[1:])}")
         probes = [self, *others]
         scale = pooled_scale(probes) if mode == "full" else 1.0
+        cold = pooled_cold_scale(probes) if mode == "full" else None
         overhead_s = float(np.mean([p.overhead_s for p in probes]))
         return profile.rescaled({profile.batch_sizes[0]: scale}, add_s=overhead_s,
+                                cold_ratio=cold,
                                 note={"by": "probe", "mode": mode, "scale": scale,
                                       "overhead_ms": overhead_s * 1e3})
 
@@ -153,6 +178,30 @@ def _saturated(runner: ModelRunner, size: int, n_batches: int, seed: int
     return model[:-1], np.diff(start) - model[:-1]
 
 
+def _cold(runner: ModelRunner, n_batches: int, idle_s: float, warm_s: float, after_s: float,
+          seed: int) -> np.ndarray:
+    """Model times of single-request batches that each start after about ``idle_s`` idle
+    (arrivals spaced ``idle_s`` + 1.2 × the warm time; only batches that really idled at least
+    ``after_s`` count).
+    """
+    from executor.live import LiveDriver
+    from executor.run import live
+
+    drivers: list[LiveDriver] = []
+    cfg = {"name": "probe-cold", "seed": seed, "service": {"kind": "constant", "ms": 1.0},
+           "workload": {"kind": "constant", "rate_rps": 1.0 / (idle_s + 1.2 * warm_s),
+                        "n_requests": n_batches},
+           "policy": {"kind": "none"}}
+    result = live(cfg, runners=[runner], on_driver=drivers.append)
+    batches = result.batches.sort_values("start_s")
+    start = batches["start_s"].to_numpy()
+    finish = batches["finish_s"].to_numpy()
+    model = finish - start - np.asarray(drivers[0].health.handoff_s)
+    idle = np.concatenate([[np.inf], start[1:] - finish[:-1]])
+    keep = (idle >= after_s) & ~batches["failed"].to_numpy(dtype=bool)
+    return np.asarray(model[keep], dtype=float)
+
+
 def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
           budget_s: float = 3.0, min_reps: int = 8, max_reps: int = 400,
           seed: int = 0) -> Probe:
@@ -166,7 +215,8 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
         runner: The model runner (the one a live replica uses).
         profile: The profile whose medians the probe is compared with.
         sizes: Batch sizes (items) to probe; each must be measured in the profile.
-        budget_s: Target total time; sets the repetitions per size (within the bounds).
+        budget_s: Target total time; sets the repetitions per size (within the bounds). With
+            cold samples in the profile, a third of it goes to cold batches.
         min_reps: Fewest timed batches per size.
         max_reps: Most timed batches per size.
         seed: Seeds the payloads.
@@ -186,9 +236,11 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     model_se: dict[int, float] = {}
     overheads: list[float] = []
     reps: dict[int, int] = {}
+    cold_size = sizes[0] if sizes[0] == 1 and 1 in profile.cold_samples_s else 0
+    warm_budget_s = budget_s * (2 / 3 if cold_size else 1.0)
     for size in sizes:
         pilot, _ = _saturated(runner, size, 3, seed)  # warm-up; sets the repetitions
-        n = int(np.clip(budget_s / len(sizes) / max(float(pilot[-1]), 1e-6), min_reps,
+        n = int(np.clip(warm_budget_s / len(sizes) / max(float(pilot[-1]), 1e-6), min_reps,
                         max_reps))
         times, extra = _saturated(runner, size, n + 2, seed)
         times, extra = times[1:], extra[1:]  # the first batch ran after idling
@@ -197,8 +249,19 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
                                / model[size])
         overheads.extend(extra.tolist())
         reps[size] = int(times.size)
+    cold_median_s, cold_reps = math.nan, 0
+    if cold_size:
+        idle_s = float((profile.meta.get("cold") or {}).get("idle_ms", 50.0)) / 1e3
+        warm_s = model[cold_size]
+        n = int(np.clip(budget_s / 3 / (idle_s + 1.2 * warm_s), min_reps, max_reps))
+        cold_times = _cold(runner, n, idle_s, warm_s, profile.cold_after_s, seed)
+        if cold_times.size:
+            cold_median_s, cold_reps = float(np.median(cold_times)), int(cold_times.size)
+    cold_profile_s = (float(np.median(profile.cold_samples_s[cold_size])) if cold_size
+                      else math.nan)
     return Probe(model, {b: profile.median_s(b) for b in model}, float(np.mean(overheads)),
-                 reps, time.perf_counter() - t0, model_se)
+                 reps, time.perf_counter() - t0, model_se, cold_size, cold_median_s,
+                 cold_profile_s, cold_reps)
 
 
 def pooled_scale(probes: Sequence[Probe]) -> float:
@@ -208,6 +271,13 @@ def pooled_scale(probes: Sequence[Probe]) -> float:
     pairs = [pair for p in probes for pair in p.log_ratios]
     total = sum(n for _, n in pairs)
     return math.exp(sum(lr * n for lr, n in pairs) / total)
+
+
+def pooled_cold_scale(probes: Sequence[Probe]) -> float | None:
+    """One cold ratio from probes: geometric mean weighted by cold batches (None: none)."""
+    pairs = [(math.log(p.cold_ratio), p.cold_reps) for p in probes if p.cold_reps]
+    total = sum(n for _, n in pairs)
+    return math.exp(sum(lr * n for lr, n in pairs) / total) if total else None
 
 
 def drift(before: Probe, after: Probe) -> float:

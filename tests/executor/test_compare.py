@@ -239,3 +239,22 @@ def test_cli_compare_with_the_real_mlp(tmp_path) -> None:
         0, abs=0.02)  # throughput: the same schedule, nothing lost
     bad = CliRunner().invoke(app, ["compare", str(path), "--probe", "fast", "--out", str(out)])
     assert bad.exit_code == 2 and "allowed: off, full, overhead" in bad.output
+
+
+def test_probe_remeasures_the_cold_effect_separately() -> None:
+    from executor.testing import ReplayRunner
+
+    def prof(cold_ms: float) -> LatencyProfile:
+        return LatencyProfile(samples_s={1: np.full(20, 0.004), 2: np.full(20, 0.006)},
+                              cold_samples_s={1: np.full(20, cold_ms / 1e3)},
+                              model={"name": "m"}, device={"kind": "cpu"},
+                              meta={"cold": {"idle_ms": 30, "after_ms": 10}, "threads": 1})
+
+    stored, today = prof(6.0), prof(12.0)  # today the model is twice as slow after idling
+    measured = probe(ReplayRunner(today), stored, [1, 2], budget_s=0.6)
+    assert measured.scale == pytest.approx(1.0, rel=0.03)
+    assert measured.cold_reps >= 8 and measured.cold_ratio == pytest.approx(2.0, rel=0.05)
+    refreshed = measured.profile_for(stored)
+    cold_ms = float(np.median(refreshed.cold_samples_s[1])) * 1e3
+    assert cold_ms == pytest.approx(12.0 + measured.overhead_s * 1e3, rel=0.05)
+    assert measured.to_dict()["cold"]["reps"] == measured.cold_reps
