@@ -63,6 +63,11 @@ def base_scenario(profile: str, policy: dict, seconds: float, slo_ms: float) -> 
             "policy": policy, "warmup_s": min(2.0, seconds / 5), "slo_ms": slo_ms}
 
 
+def summary(run_dir: Path) -> dict:
+    """A run directory's summary.json."""
+    return json.loads((run_dir / "summary.json").read_text())
+
+
 def efficiency(profile_ref: str, runners: list, batch: int, seconds: float) -> dict:
     """Live throughput at saturation vs the capacity B / median(B), median from the stored
     profile and from a probe of the device's model time just before the run.
@@ -135,9 +140,6 @@ def main() -> None:
             out = work / name / f"rho-{rho:g}"
             data = compare(sub, out, repeats=args.repeats, runners=runners, probe_mode=mode)
             if replay:  # the same draws: each live run against the simulated run of its seed
-                def summary(folder: Path) -> dict:
-                    return json.loads((folder / "summary.json").read_text())
-
                 lives = [summary(out / f"live-{i}") for i in range(1, args.repeats + 1)]
                 sims = ([summary(out / f"sim-{i}") for i in range(1, args.repeats + 1)]
                         if data["probed"] else [summary(out / "sim")] * args.repeats)

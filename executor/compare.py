@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 import sim
+from calibration.profile import LatencyProfile
 from calibration.runners import ModelRunner
 from executor.probe import PROBE_MODES, drift, pooled_scale, probe, probe_sizes
 from executor.run import default_runners, live, scenario_profile
@@ -76,9 +77,10 @@ def compare_rows(sim_summaries: dict[str, Any] | Sequence[dict[str, Any]],
         med = float(np.median(lv)) if lv.size else math.nan
         lo, hi = (float(lv.min()), float(lv.max())) if lv.size else (math.nan, math.nan)
         spread = (hi - lo) / abs(med) if med and math.isfinite(med) else math.nan
-        row: dict[str, Any] = {"metric": key, "label": label, "sim": s, "live_median": med,
-               "rel_error": _rel(s, med), "live_min": lo, "live_max": hi,
-               "live_spread_rel": spread, "within_spread": bool(lo <= s <= hi), "rho": rho}
+        row: dict[str, Any] = {
+            "metric": key, "label": label, "sim": s, "live_median": med,
+            "rel_error": _rel(s, med), "live_min": lo, "live_max": hi,
+            "live_spread_rel": spread, "within_spread": bool(lo <= s <= hi), "rho": rho}
         if len(sims) == len(live_summaries) and len(sims) > 1:
             row["paired_rel_errors"] = [_rel(metric(a, key), metric(b, key))
                                         for a, b in zip(sims, live_summaries, strict=True)]
@@ -155,16 +157,14 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     say("simulating")
     figure_sim, stored = predict(scn, out / "sim", sim_replications)
     runner_list = list(runners) if runners is not None else default_runners(scn)
-    profile = scenario_profile(scn)
-    probing = (probe_mode != "off" and profile is not None
-               and not profile.meta.get("synthetic"))
-    sizes = probe_sizes(scn, profile) if probing and profile is not None else []
+    profile = probe_target(scn) if probe_mode != "off" else None
+    sizes = probe_sizes(scn, profile) if profile is not None else []
     lives: list[Result] = []
     predictions: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
     for i in range(1, repeats + 1):
         before = None
-        if probing and profile is not None:
+        if profile is not None:
             say(f"probing the device (batch sizes {sizes})")
             before = probe(runner_list[0], profile, sizes, budget_s=probe_budget_s, seed=i)
         say(f"live run {i}/{repeats}")
@@ -271,9 +271,15 @@ def probed_scenario(scn: Scenario, runners: Sequence[ModelRunner], profile_path:
     """The scenario with its profile rescaled by one probe of the device now (unchanged when
     its service is not a measured profile).
     """
-    profile = scenario_profile(scn)
-    if profile is None or profile.meta.get("synthetic"):
+    profile = probe_target(scn)
+    if profile is None:
         return scn
     measured = probe(runners[0], profile, probe_sizes(scn, profile), budget_s=budget_s)
     path = measured.profile_for(profile, mode).save(profile_path)
     return load_scenario(scn, {"service.path": str(path)})
+
+
+def probe_target(scn: Scenario) -> LatencyProfile | None:
+    """The scenario's profile when a probe can refresh it: a measured (not synthetic) one."""
+    profile = scenario_profile(scn)
+    return None if profile is None or profile.meta.get("synthetic") else profile

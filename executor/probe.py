@@ -151,6 +151,30 @@ def probe_sizes(scenario: Scenario, profile: LatencyProfile) -> list[int]:
     return sizes or [profile.batch_sizes[0]]
 
 
+def _run_batches(runner: ModelRunner, workload: dict[str, Any], policy: dict[str, Any],
+                 seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A short live run on ``runner``; per batch in dispatch order: start, finish and model
+    time (finish − start − the thread hand-off).
+
+    Raises:
+        RuntimeError: a batch's model call failed.
+    """
+    from executor.live import LiveDriver
+    from executor.run import live
+
+    drivers: list[LiveDriver] = []
+    cfg = {"name": "probe", "seed": seed, "service": {"kind": "constant", "ms": 1.0},
+           "workload": workload, "policy": policy}
+    result = live(cfg, runners=[runner], on_driver=drivers.append)
+    if bool(result.batches["failed"].any()):
+        reason = result.requests.loc[result.requests["status"] == "failed", "reason"].iloc[0]
+        raise RuntimeError(f"probe: the model failed: {reason}")
+    batches = result.batches.sort_values("start_s")
+    start = batches["start_s"].to_numpy()
+    finish = batches["finish_s"].to_numpy()
+    return start, finish, finish - start - np.asarray(drivers[0].health.handoff_s)
+
+
 def _saturated(runner: ModelRunner, size: int, n_batches: int, seed: int
                ) -> tuple[np.ndarray, np.ndarray]:
     """Run ``n_batches`` full batches of ``size`` back to back through the live driver.
@@ -159,22 +183,9 @@ def _saturated(runner: ModelRunner, size: int, n_batches: int, seed: int
         Per batch except the last: the model time and the overhead (from this batch's
         dispatch to the next one's, minus the model time).
     """
-    from executor.live import LiveDriver
-    from executor.run import live
-
-    drivers: list[LiveDriver] = []
-    cfg = {"name": "probe", "seed": seed, "service": {"kind": "constant", "ms": 1.0},
-           "workload": {"kind": "constant", "rate_rps": 1e6, "n_requests": size * n_batches},
-           "policy": {"kind": "fixed", "batch_size": size}}
-    result = live(cfg, runners=[runner], on_driver=drivers.append)
-    failed = result.batches[result.batches["failed"]]
-    if len(failed):
-        reason = result.requests.loc[result.requests["status"] == "failed", "reason"].iloc[0]
-        raise RuntimeError(f"probe: the model failed at batch size {size}: {reason}")
-    batches = result.batches.sort_values("start_s")
-    start = batches["start_s"].to_numpy()
-    handoff = np.asarray(drivers[0].health.handoff_s)
-    model = batches["finish_s"].to_numpy() - start - handoff
+    start, _, model = _run_batches(
+        runner, {"kind": "constant", "rate_rps": 1e6, "n_requests": size * n_batches},
+        {"kind": "fixed", "batch_size": size}, seed)
     return model[:-1], np.diff(start) - model[:-1]
 
 
@@ -184,22 +195,11 @@ def _cold(runner: ModelRunner, n_batches: int, idle_s: float, warm_s: float, aft
     (arrivals spaced ``idle_s`` + 1.2 × the warm time; only batches that really idled at least
     ``after_s`` count).
     """
-    from executor.live import LiveDriver
-    from executor.run import live
-
-    drivers: list[LiveDriver] = []
-    cfg = {"name": "probe-cold", "seed": seed, "service": {"kind": "constant", "ms": 1.0},
-           "workload": {"kind": "constant", "rate_rps": 1.0 / (idle_s + 1.2 * warm_s),
-                        "n_requests": n_batches},
-           "policy": {"kind": "none"}}
-    result = live(cfg, runners=[runner], on_driver=drivers.append)
-    batches = result.batches.sort_values("start_s")
-    start = batches["start_s"].to_numpy()
-    finish = batches["finish_s"].to_numpy()
-    model = finish - start - np.asarray(drivers[0].health.handoff_s)
+    start, finish, model = _run_batches(
+        runner, {"kind": "constant", "rate_rps": 1.0 / (idle_s + 1.2 * warm_s),
+                 "n_requests": n_batches}, {"kind": "none"}, seed)
     idle = np.concatenate([[np.inf], start[1:] - finish[:-1]])
-    keep = (idle >= after_s) & ~batches["failed"].to_numpy(dtype=bool)
-    return np.asarray(model[keep], dtype=float)
+    return np.asarray(model[idle >= after_s], dtype=float)
 
 
 def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
