@@ -263,6 +263,10 @@ class Scenario(_Strict):
             raise ValueError("slo_ms: policy.kind 'slo' needs slo_ms (the request deadline)")
         if self.queue.discipline == "edf" and self.slo_ms is None:
             raise ValueError("slo_ms: queue.discipline 'edf' needs slo_ms (deadlines)")
+        duration_s = getattr(self.workload, "duration_s", None)
+        if duration_s is not None and self.warmup_s >= duration_s:
+            raise ValueError(f"warmup_s: {self.warmup_s:g} s leaves nothing to measure of "
+                             f"workload.duration_s {duration_s:g} s; it must be shorter")
         return self
 
     def to_yaml(self) -> str:
