@@ -22,10 +22,17 @@ import sim
 from calibration.profile import LatencyProfile
 from calibration.runners import ModelRunner
 from executor.probe import PROBE_MODES, drift, pooled_scale, probe, probe_sizes
-from executor.run import default_runners, live, scenario_profile
+from executor.run import (
+    check_live_bounds,
+    default_drain_timeout_s,
+    default_runners,
+    live,
+    scenario_profile,
+)
 from sim.rundir import write_json
 from sim.runner import Result
 from sim.scenario import Scenario, load_scenario
+from sim.stability import stability_warning
 
 METRICS: list[tuple[str, str]] = [
     ("throughput_rps", "throughput (req/s)"),
@@ -110,16 +117,20 @@ def mean_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def predict(scn: Scenario, out_dir: Path, replications: int, *, seed: int = 0,
-            overrides: dict[str, Any] | None = None) -> tuple[Result, dict[str, Any]]:
+            overrides: dict[str, Any] | None = None, drain_timeout_s: float | None = None,
+            first: Result | None = None) -> tuple[Result, dict[str, Any]]:
     """The simulator's prediction for one arrival schedule: the mean summary over
     ``replications`` service-time streams, so the prediction carries little sampling noise of
-    its own. Returns the first run (the scenario's own seed; written to ``out_dir``) and the
-    mean summary.
+    its own. Returns the first run (the scenario's own seed; written to ``out_dir``; pass it
+    as ``first`` when already simulated) and the mean summary. ``drain_timeout_s`` stops each
+    simulation as the live run stops, so that censoring matches.
     """
-    first = sim.run(scn, overrides)
+    first = first if first is not None else sim.run(scn, overrides,
+                                                    drain_timeout_s=drain_timeout_s)
     first.write(out_dir)
     summaries = [first.summary] + [
-        sim.run(scn, overrides, service_seed=seed * 10_000 + j).summary
+        sim.run(scn, overrides, service_seed=seed * 10_000 + j,
+                drain_timeout_s=drain_timeout_s).summary
         for j in range(1, replications)]
     mean = mean_summary(summaries)
     write_json(out_dir / "prediction.json", {"replications": replications, "summary": mean})
@@ -130,8 +141,15 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
             repeats: int = 3, overrides: list[str] | dict[str, Any] | None = None,
             runners: Sequence[ModelRunner] | None = None,
             progress: Callable[[str], None] | None = None, probe_mode: str = "full",
-            probe_budget_s: float = 3.0, sim_replications: int = 10) -> dict[str, Any]:
+            probe_budget_s: float = 3.0, sim_replications: int = 10,
+            drain_timeout_s: float | None = None, max_wall_s: float = 600.0,
+            force: bool = False) -> dict[str, Any]:
     """Simulate the scenario and run it live ``repeats`` times; write and return the comparison.
+
+    Before anything runs live, the simulated run (with the same drain timeout as the live
+    runs: default the window's length) must be stable and its predicted wall time, for all
+    repeats and probes, within ``max_wall_s``; else :class:`LiveError` says so in one line
+    (``force`` skips the check).
 
     Runners are built once (from the profile's model) and reused by every live repeat. Each
     prediction is the mean over ``sim_replications`` simulations of the same arrival schedule
@@ -154,10 +172,16 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
+    drain_s = default_drain_timeout_s(scn) if drain_timeout_s is None else drain_timeout_s
     say("simulating")
-    figure_sim, stored = predict(scn, out / "sim", sim_replications)
-    runner_list = list(runners) if runners is not None else default_runners(scn)
+    first = sim.run(scn, drain_timeout_s=drain_s)
     profile = probe_target(scn) if probe_mode != "off" else None
+    if not force:
+        check_live_bounds(first, max_wall_s=max_wall_s, repeats=repeats,
+                          extra_s_per_run=2 * probe_budget_s if profile is not None else 0.0)
+    figure_sim, stored = predict(scn, out / "sim", sim_replications, drain_timeout_s=drain_s,
+                                 first=first)
+    runner_list = list(runners) if runners is not None else default_runners(scn)
     sizes = probe_sizes(scn, profile) if profile is not None else []
     lives: list[Result] = []
     predictions: list[dict[str, Any]] = []
@@ -168,7 +192,7 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
             say(f"probing the device (batch sizes {sizes})")
             before = probe(runner_list[0], profile, sizes, budget_s=probe_budget_s, seed=i)
         say(f"live run {i}/{repeats}")
-        result = live(scn, runners=runner_list)
+        result = live(scn, runners=runner_list, drain_timeout_s=drain_s)
         result.write(out / f"live-{i}")
         lives.append(result)
         if before is not None and profile is not None:
@@ -179,9 +203,10 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
                     "before": before.to_dict(), "after": after.to_dict()}
             path = scaled.save(out / f"live-{i}" / "probed-profile.json")
             write_json(out / f"live-{i}" / "probe.json", info)
-            first, mean = predict(scn, out / f"sim-{i}", sim_replications, seed=i,
-                                  overrides={"service.path": str(path)})
-            figure_sim = first if i == 1 else figure_sim
+            probed, mean = predict(scn, out / f"sim-{i}", sim_replications, seed=i,
+                                   overrides={"service.path": str(path)},
+                                   drain_timeout_s=drain_s)
+            figure_sim = probed if i == 1 else figure_sim
             predictions.append(mean)
             probes.append(info)
     if predictions:
@@ -193,6 +218,12 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
             "probe_mode": probe_mode if predictions else "off",
             "probes": probes, "rows": rows,
             "live_health": [r.summary.get("executor_health") for r in lives],
+            "drain_timeout_s": drain_s,
+            "stability": {"sim": stored.get("stability"),
+                          "live": [r.summary.get("stability") for r in lives]},
+            "stability_warnings": [w for w in (stability_warning(x) for x in
+                                               [figure_sim.summary, *(r.summary for r in lives)])
+                                   if w],
             "calibration_warnings": lives[0].meta.get("calibration_warnings", [])}
     write_json(out / "compare.json", data)
     from executor.report import write_compare_report
@@ -237,7 +268,8 @@ def sweep(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path,
           overrides: list[str] | dict[str, Any] | None = None,
           runners: Sequence[ModelRunner] | None = None,
           progress: Callable[[str], None] | None = None, probe_mode: str = "full",
-          probe_budget_s: float = 3.0) -> pd.DataFrame:
+          probe_budget_s: float = 3.0, drain_timeout_s: float | None = None,
+          max_wall_s: float = 600.0, force: bool = False) -> pd.DataFrame:
     """``compare`` at each target utilisation; writes ``fidelity.csv`` and returns it.
 
     When probing, the rates are found on the profile refreshed by a probe of the device taken
@@ -257,7 +289,8 @@ def sweep(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path,
         sub = load_scenario(scn, {"workload.rate_rps": rate})
         data = compare(sub, out / f"rho-{rho:g}", repeats=repeats, runners=runner_list,
                        progress=progress, probe_mode=probe_mode,
-                       probe_budget_s=probe_budget_s)
+                       probe_budget_s=probe_budget_s, drain_timeout_s=drain_timeout_s,
+                       max_wall_s=max_wall_s, force=force)
         for row in data["rows"]:
             rows.append({"target_rho": rho, "rate_rps": rate, **row})
     frame = pd.DataFrame(rows)

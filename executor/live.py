@@ -7,6 +7,10 @@ The main thread sleeps until the next arrival or wake-up and wakes early when a 
 completes. Arrivals keep their scheduled times in the records (the latency a client of the
 schedule sees); how late the driver actually noticed each one is reported as timer lateness.
 
+Draining: after the last arrival the driver finishes queued work, but not past
+``drain_until_s`` (the horizon plus the drain timeout): what is still queued or running then
+stays in flight (censored in the summary), and the run ends on time.
+
 Faults: a batch whose model call raises fails only its requests (reason kept); a batch that
 outlives ``batch_timeout_s`` fails its requests at the timeout while its replica stays busy
 until the call returns. :meth:`LiveDriver.stop` (Ctrl-C) stops admitting and then either drains
@@ -129,8 +133,8 @@ class LiveDriver:
 
     def __init__(self, core: ServingCore, runners: Sequence[ModelRunner], *,
                  batch_timeout_s: float | None = None, seed: int = 0,
-                 drain_timeout_s: float = 30.0, stream_per_replica: bool = True,
-                 spin_s: float = SPIN_S) -> None:
+                 drain_timeout_s: float = 30.0, drain_until_s: float = math.inf,
+                 stream_per_replica: bool = True, spin_s: float = SPIN_S) -> None:
         if len(runners) != core.n_replicas:
             raise ValueError(f"need one runner per replica ({core.n_replicas}), "
                              f"got {len(runners)}")
@@ -139,6 +143,7 @@ class LiveDriver:
         self.batch_timeout_s = batch_timeout_s
         self.seed = seed
         self.drain_timeout_s = drain_timeout_s
+        self.drain_until_s = drain_until_s
         self.stream_per_replica = stream_per_replica
         self.spin_s = spin_s
         self.health = Health()
@@ -148,6 +153,9 @@ class LiveDriver:
         self._wake_at = [math.inf] * core.n_replicas
         self._timed_out: set[int] = set()
         self.stopped_early = False
+        self.stopped_at_s: float | None = None  # when stop() took effect
+        self.drain_timed_out = False  # work was left in flight at the drain deadline
+        self._closing = False
         self.start_perf = 0.0
 
     def stop(self, mode: str = "drain") -> None:
@@ -172,14 +180,17 @@ class LiveDriver:
         for w in workers:
             w.start()
         self._workers = workers
-        stop_deadline = math.inf
+        stop_deadline = self.drain_until_s
+        stop_noted = False
         try:
             while True:
                 now = self.now_s()
-                if self._stop.is_set() and stop_deadline == math.inf:
+                if self._stop.is_set() and not stop_noted:
+                    stop_noted = True
                     self.stopped_early = True
-                    stop_deadline = now + (self.drain_timeout_s if self._stop_mode == "drain"
-                                           else 0.0)
+                    self.stopped_at_s = now
+                    stop_deadline = min(stop_deadline, now + (
+                        self.drain_timeout_s if self._stop_mode == "drain" else 0.0))
                     self._close_source()
                 self._collect(block_s=0.0)
                 now = self.now_s()
@@ -196,8 +207,11 @@ class LiveDriver:
                 if not busy and next_arrival == math.inf and (
                         queued == 0 or min(self._wake_at) == math.inf):
                     break
-                if self._stop.is_set() and (now >= stop_deadline or (
-                        self._stop_mode == "abandon" and not busy)):
+                abandoning = self._stop.is_set() and self._stop_mode == "abandon"
+                if abandoning and (now >= stop_deadline or not busy):
+                    break  # running batches still end and are recorded; the queue stays
+                if now >= stop_deadline:
+                    self.drain_timed_out = True  # the rest stays in flight (censored)
                     break
                 wait_until = min(next_arrival if core.any_free() else math.inf,
                                  min(self._wake_at), self._next_batch_timeout(), stop_deadline)
@@ -207,12 +221,15 @@ class LiveDriver:
                 else:
                     time.sleep(0)  # due within spin_s: yield, then look again
         finally:
+            end_s = self.now_s()
+            self._closing = True
             for w in workers:
                 w.jobs.put(None)
             for w in workers:
                 w.join(timeout=60)
-            self._collect(block_s=0.0)
-        return self.now_s()
+            if not self.drain_timed_out:  # batches that ended with the loop: record them
+                self._collect(block_s=0.0)
+        return end_s
 
     # -- steps -------------------------------------------------------------------------------
     def _close_source(self) -> None:
@@ -239,7 +256,7 @@ class LiveDriver:
             self._timed_out.discard(batch.id)
             error = error or "batch_timeout"
         core.finish(batch, done.finish_s, done.service_s, error)
-        if self._stop.is_set() and self._stop_mode == "abandon":
+        if self._closing or (self._stop.is_set() and self._stop_mode == "abandon"):
             return
         now = self.now_s()
         touched = core.admit_until(now) if not self._stop.is_set() else set()

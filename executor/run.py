@@ -10,6 +10,7 @@ and live can only come from service times, timing and overheads.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -22,7 +23,8 @@ from calibration.profile import LatencyProfile, load_profile
 from calibration.runners import ModelRunner, build_runner
 from sim.build import Streams, build_service
 from sim.rundir import run_meta
-from sim.runner import Result, build_core, window_for
+from sim.runner import Result, build_core, planned_horizon_s, window_for
+from sim.runner import run as sim_run
 from sim.scenario import Scenario, load_scenario
 
 LOG = logging.getLogger(__name__)
@@ -101,11 +103,59 @@ def mismatch_warnings(scenario: Scenario, runners: Sequence[ModelRunner]) -> lis
     return notes
 
 
+def default_drain_timeout_s(scenario: Scenario) -> float:
+    """The default drain timeout: the window's length (``duration_s`` − ``warmup_s``), or
+    the whole run for workloads bounded by a request count.
+    """
+    duration = getattr(scenario.workload, "duration_s", None)
+    if duration is not None:
+        return max(float(duration) - scenario.warmup_s, 1.0)
+    return math.inf
+
+
+def check_live_bounds(prediction: Result, *, max_wall_s: float, repeats: int = 1,
+                      extra_s_per_run: float = 0.0) -> float:
+    """Refuse a live run that the simulator predicts unstable or too long.
+
+    Args:
+        prediction: The simulated run of the same scenario, with the same drain timeout.
+        max_wall_s: The most wall time allowed for all the live runs together.
+        repeats: How many live runs will follow.
+        extra_s_per_run: Extra wall time per run (probes).
+
+    Returns:
+        The estimated wall time (s): repeats × (horizon + predicted drain + extra).
+
+    Raises:
+        LiveError: one line with the estimate and the way out.
+    """
+    stability = prediction.summary["stability"]
+    end_s = float(prediction.meta["end_s"])
+    horizon = end_s - float(prediction.meta.get("drain_s", 0.0))
+    estimate = repeats * (end_s + extra_s_per_run)
+    times = f"{repeats} × " if repeats > 1 else ""
+    detail = (f"about {estimate:,.0f} s of wall time ({times}horizon {horizon:,.0f} s + "
+              f"predicted drain {end_s - horizon:,.0f} s"
+              + (f" + probes {extra_s_per_run:.0f} s" if extra_s_per_run else "") + ")")
+    if stability["verdict"] == "unstable":
+        raise LiveError(f"refusing to run live: the simulator predicts an unstable run "
+                        f"({stability['reason']}); {detail}. Lower workload.rate_rps, bound "
+                        "the queue (queue.max_len, queue.timeout_ms), or pass --force (the run "
+                        "then stops draining after --drain-timeout-s)")
+    if estimate > max_wall_s:
+        raise LiveError(f"refusing to run live: {detail} exceeds --max-wall-s "
+                        f"{max_wall_s:g}. Shorten workload.duration_s, raise --max-wall-s, or "
+                        "pass --force")
+    return estimate
+
+
 def live(scenario: Scenario | dict[str, Any] | str | Path,
          overrides: list[str] | dict[str, Any] | None = None, *,
          runners: Sequence[ModelRunner] | None = None, batch_timeout_s: float | None = None,
          handle_sigint: bool = False, stop_mode: str = "drain",
-         on_driver: Callable[[Any], None] | None = None) -> Result:
+         on_driver: Callable[[Any], None] | None = None,
+         drain_timeout_s: float | None = None, max_wall_s: float = 600.0,
+         force: bool = True) -> Result:
     """Run a scenario live and return the same :class:`Result` shape as ``sim.run``.
 
     Args:
@@ -117,12 +167,26 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
             raising; the records so far are returned.
         stop_mode: What Ctrl-C does with queued work.
         on_driver: Called with the driver before it starts (tests use it to stop runs).
+        drain_timeout_s: Stop draining this long after the horizon (or after Ctrl-C); what is
+            left stays in flight, counted as censored. Default: the window's length.
+        max_wall_s: With ``force=False``: refuse when the predicted wall time exceeds this.
+        force: Run without the stability and wall-time check (the API default; the CLI
+            checks unless ``--force``).
+
+    Raises:
+        LiveError: with ``force=False``, the simulator predicts an unstable or too long run.
     """
     from executor.live import LiveDriver
 
     scn = load_scenario(scenario, overrides)
+    drain_s = default_drain_timeout_s(scn) if drain_timeout_s is None else drain_timeout_s
+    if drain_s <= 0:
+        raise LiveError(f"--drain-timeout-s {drain_s:g}: must be > 0")
+    if not force:
+        check_live_bounds(sim_run(scn, drain_timeout_s=drain_s), max_wall_s=max_wall_s)
     streams = Streams.from_seed(scn.seed)
-    estimate = build_service(scn, streams.service).median_s
+    service = build_service(scn, streams.service)
+    estimate = service.median_s
     runner_list = list(runners) if runners is not None else default_runners(scn)
     warnings = mismatch_warnings(scn, runner_list)
     for note in warnings:
@@ -130,7 +194,9 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     core = build_core(scn, streams, estimate)
     streams_per_replica = scn.model is None or scn.model.cuda_streams == "per_replica"
     driver = LiveDriver(core, runner_list, batch_timeout_s=batch_timeout_s, seed=scn.seed,
-                        stream_per_replica=streams_per_replica)
+                        stream_per_replica=streams_per_replica,
+                        drain_timeout_s=drain_s if math.isfinite(drain_s) else 30.0,
+                        drain_until_s=planned_horizon_s(scn, core) + drain_s)
     if on_driver is not None:
         on_driver(driver)
     previous = None
@@ -150,7 +216,8 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     queue = core.queue_series.to_frame()
     from sim.metrics import summarize
 
-    summary = summarize(requests, batches, queue, window_for(scn, requests), driver="live")
+    window = window_for(scn, requests, service, end_s=end_s, stopped_s=driver.stopped_at_s)
+    summary = summarize(requests, batches, queue, window, driver="live")
     health = driver.health.summary()
     summary["executor_health"] = health
     described = runner_list[0].describe()
@@ -159,5 +226,6 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
         "dtype": described.get("dtype"), "torch_version": described.get("torch_version"),
         "end_s": end_s, "wall_s": time.perf_counter() - t0, "status_counts": counts,
         "stopped_early": driver.stopped_early, "calibration_warnings": warnings,
+        "drain_timeout_s": drain_s, "drain_timed_out": driver.drain_timed_out,
         "executor_health": health})
     return Result(scn, summary, requests, batches, queue, meta)

@@ -51,6 +51,7 @@ def simulate(
         return
     if out is not None:
         result.write(out)
+    warn_stability(result.summary)
     if not quiet:
         console.print(_title(result.scenario.name, result.meta))
         from servelab.report import summary_table
@@ -58,6 +59,21 @@ def simulate(
         console.print(summary_table(result.summary, title=f"{result.scenario.name} (simulated)"))
         if out is not None:
             console.print(f"run directory: {out}")
+
+
+def warn_stability(summary: dict[str, object]) -> None:
+    """Print the stability verdict as a warning line when the run is not stable."""
+    from sim.stability import stability_warning
+
+    text = stability_warning(summary)
+    if text:
+        err_console.print(f"[bold yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+
+
+DRAIN_HELP = ("Stop draining this long after the last arrival (default: the window's length); "
+              "what is left counts as in flight (censored).")
+MAX_WALL_HELP = "Refuse when the predicted wall time exceeds this (seconds)."
+FORCE_HELP = "Run live even when the simulator predicts an unstable or too long run."
 
 
 def _title(name: str, meta: dict[str, object]) -> str:
@@ -130,6 +146,9 @@ def live_cmd(
         help="Fail a batch's requests when its model call takes longer.")] = None,
     on_interrupt: Annotated[str, typer.Option(
         help="Ctrl-C: drain (finish queued work) or abandon.")] = "drain",
+    drain_timeout_s: Annotated[float | None, typer.Option(help=DRAIN_HELP)] = None,
+    max_wall_s: Annotated[float, typer.Option(help=MAX_WALL_HELP)] = 600.0,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Run SCENARIO in real time against the real model (same policies and schedule as sim)."""
     from executor.run import live
@@ -138,13 +157,18 @@ def live_cmd(
         fail(f"--on-interrupt {on_interrupt!r}: allowed: drain, abandon")
     try:
         result = live(scenario, overrides=set_ or None, handle_sigint=True,
-                      stop_mode=on_interrupt,
+                      stop_mode=on_interrupt, drain_timeout_s=drain_timeout_s,
+                      max_wall_s=max_wall_s, force=force,
                       batch_timeout_s=None if batch_timeout_ms is None else batch_timeout_ms / 1e3)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
+    except (PolicyError, InvariantError) as exc:
+        fail(f"internal check failed (please report): {exc}", code=3)
+        return
     if out is not None:
         result.write(out)
+    warn_stability(result.summary)
     for note in result.meta.get("calibration_warnings", []):
         err_console.print(f"[bold yellow]calibration mismatch:[/] {note}")
     from servelab.report import summary_table
@@ -177,6 +201,11 @@ def compare_cmd(
     ] = "full",
     probe_budget_s: Annotated[float, typer.Option(
         "--probe-budget-s", min=0.1, help="Seconds each probe may take.")] = 3.0,
+    drain_timeout_s: Annotated[float | None, typer.Option(help=DRAIN_HELP)] = None,
+    max_wall_s: Annotated[float, typer.Option(
+        help="Refuse when the predicted wall time of all live runs exceeds this (seconds)."),
+    ] = 600.0,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
     from executor.compare import compare, sweep
@@ -186,16 +215,24 @@ def compare_cmd(
             rhos = [float(x) for x in sweep_.split(",") if x.strip()]
             frame = sweep(scenario, out, rhos, repeats=repeats, overrides=set_ or None,
                           progress=lambda m: console.print(f"[dim]{m}[/]"), probe_mode=probe,
-                          probe_budget_s=probe_budget_s)
+                          probe_budget_s=probe_budget_s, drain_timeout_s=drain_timeout_s,
+                          max_wall_s=max_wall_s, force=force)
             console.print(_fidelity_table(frame))
             console.print(f"fidelity curve: {out / 'fidelity.csv'}")
             return
         data = compare(scenario, out, repeats=repeats, overrides=set_ or None,
                        progress=lambda m: console.print(f"[dim]{m}[/]"), probe_mode=probe,
-                       probe_budget_s=probe_budget_s)
+                       probe_budget_s=probe_budget_s, drain_timeout_s=drain_timeout_s,
+                       max_wall_s=max_wall_s, force=force)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
+    except (PolicyError, InvariantError) as exc:
+        fail(f"internal check failed (please report): {exc}", code=3)
+        return
+    for verdict_line in data.get("stability_warnings", []):
+        err_console.print(f"[bold yellow]warning:[/] {verdict_line}", highlight=False,
+                          soft_wrap=True)
     console.print(_compare_table(data))
     console.print(f"report: {out / 'report.html'}")
 
@@ -294,6 +331,14 @@ def sweep_cmd(
     failed = int((frame["error"] != "").sum())
     console.print(f"{len(frame)} runs ({failed} failed): {out / 'results.parquet'}, "
                   f"{out / 'report.html'}")
+    from sim.capacity import unstable_runs
+
+    unstable = unstable_runs(frame)
+    if unstable:
+        err_console.print(f"[bold yellow]warning:[/] {unstable} of {len(frame)} runs are "
+                          "unstable (offered load above capacity or a growing queue): their "
+                          "latency percentiles only say how long the run lasted "
+                          "(column stability.verdict)", highlight=False, soft_wrap=True)
     if failed:
         first = frame.loc[frame["error"] != "", "error"].iloc[0]
         console.print(f"[yellow]first failure:[/] {first}")

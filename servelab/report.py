@@ -26,8 +26,10 @@ def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
         ("ok / rejected / timed out / dropped / failed",
          " / ".join(_fmt(summary[k]) for k in ("ok", "rejected", "timed_out", "dropped",
                                                "failed"))),
-        ("throughput (req/s)", summary["throughput_rps"]),
-        ("goodput (req/s)", summary["goodput_rps"]),
+        ("offered (req/s)", summary["offered_rps"]),
+        ("throughput: completions in the window (req/s)", summary["throughput_rps"]),
+        ("goodput (req/s)", "no SLO set" if summary["goodput_rps"] is None
+         else summary["goodput_rps"]),
         ("error rate", summary["error_rate"]),
         ("mean batch size", summary["mean_batch_size"]),
         ("batch utilisation", summary["batch_utilization"]),
@@ -40,9 +42,17 @@ def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
         rows.append(("cost per million requests (USD)", summary["cost_per_million_usd"]))
     for name, value in rows:
         table.add_row(name, _fmt(value, 3 if isinstance(value, float) and value < 10 else 1))
+    censored = int(summary.get("censored") or 0)
     for key, label in (("latency_ms", "latency"), ("queue_ms", "queue wait"),
                        ("service_ms", "service")):
         stats = summary[key]
-        table.add_row(f"{label} ms mean / p50 / p99 / max",
+        bound = " (lower bounds)" if censored and "censored" in stats else ""
+        table.add_row(f"{label} ms mean / p50 / p99 / max{bound}",
                       " / ".join(_fmt(stats[k]) for k in ("mean", "p50", "p99", "max")))
+    if censored:
+        table.add_row("censored (unfinished when the run stopped)", _fmt(censored))
+    stability = summary.get("stability") or {}
+    if stability:
+        table.add_row("stability", f"{stability['verdict']} (offered/capacity "
+                      f"{_fmt(stability['rho_offered'])})")
     return table

@@ -27,6 +27,7 @@ from sim.service import (
     ServiceModel,
     exponential_service,
 )
+from sim.stability import capacity_rps
 from sim.types import Policy
 from sim.workloads import (
     ArrivalSchedule,
@@ -121,6 +122,31 @@ def max_batch_size(scenario: Scenario) -> int:
     """Largest batch the scenario's policy may form."""
     cfg = scenario.policy
     return int(getattr(cfg, "max_batch_size", getattr(cfg, "batch_size", 1)))
+
+
+def policy_batch_sizes(scenario: Scenario) -> list[int]:
+    """The batch sizes (requests) the scenario's policy can form."""
+    cfg = scenario.policy
+    if cfg.kind == "fixed":
+        return [cfg.batch_size]
+    return list(range(1, max_batch_size(scenario) + 1))
+
+
+def scenario_capacity_rps(scenario: Scenario, service: ServiceModel,
+                          mean_size: float = 1.0) -> float:
+    """Requests per second the scenario's fleet can finish at best (see
+    :func:`sim.stability.capacity_rps`).
+    """
+    return capacity_rps(service.mean_s, policy_batch_sizes(scenario), scenario.replicas,
+                        scenario.policy.max_concurrent_batches, mean_size)
+
+
+def sheds_load(scenario: Scenario) -> bool:
+    """Whether something bounds the queue: a length bound, a request timeout, or a policy
+    that drops requests it cannot serve in time.
+    """
+    q = scenario.queue
+    return q.max_len is not None or q.timeout_ms is not None or scenario.policy.kind == "slo"
 
 
 def build_router(scenario: Scenario, rng: np.random.Generator) -> Router | None:

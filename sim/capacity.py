@@ -60,22 +60,36 @@ def parse_slo(items: Sequence[str] | Mapping[str, float]) -> dict[str, float]:
     return slo
 
 
+def unstable_runs(rows: pd.DataFrame) -> int:
+    """How many of the runs the stability verdict calls unstable."""
+    if "stability.verdict" not in rows:
+        return 0
+    return int((rows["stability.verdict"] == "unstable").sum())
+
+
 def meets(rows: pd.DataFrame, slo: Mapping[str, float]) -> tuple[bool, dict[str, float]]:
-    """Whether the replications' mean metrics hold every objective (failed runs: no)."""
+    """Whether the replications' mean metrics hold every objective (failed runs: no).
+
+    An unstable run has no steady-state latency (its percentiles only say how long it ran),
+    so any latency objective fails when one of the replications is unstable.
+    """
     if len(rows) == 0 or (rows["error"] != "").any():
         return False, {}
     values: dict[str, float] = {}
     ok = True
+    unstable = unstable_runs(rows)
+    if unstable:
+        values["unstable_runs"] = float(unstable)
     for key, target in slo.items():
         column, sense = SLO_KEYS[key]
         if column == "goodput_frac":
-            series = rows["goodput_rps"] / rows["offered_rps"]
+            series = pd.to_numeric(rows["goodput_rps"], errors="coerce") / rows["offered_rps"]
         else:
             series = rows[column]
         value = float(series.mean())
         values[key] = value
         broken = (sense == "max" and value > target) or (sense == "min" and value < target)
-        if broken or not math.isfinite(value):
+        if broken or not math.isfinite(value) or (unstable and column.startswith("latency")):
             ok = False
     return ok, values
 
@@ -108,6 +122,12 @@ class CapacityResult:
                 "evaluations": self.evaluations.to_dict(orient="records")}
 
 
+def _check_goodput_slo(scenario: Scenario, objectives: Mapping[str, float]) -> None:
+    if "goodput_frac" in objectives and scenario.slo_ms is None:
+        raise ExperimentError("--slo goodput_frac: needs slo_ms in the scenario (goodput "
+                              "counts the requests within it); add --set slo_ms=...")
+
+
 def _current(scenario: Scenario, dotted: str) -> float:
     node: Any = scenario.model_dump()
     for part in dotted.split("."):
@@ -128,6 +148,7 @@ def capacity(scenario: Scenario | dict[str, Any] | str | Path,
     """The highest value of ``over`` at which the scenario holds ``slo``."""
     base = load_scenario(scenario)
     objectives = parse_slo(slo)
+    _check_goodput_slo(base, objectives)
     start = _current(base, over)
     evaluations: list[dict[str, Any]] = []
     runs: list[pd.DataFrame] = []
@@ -182,6 +203,7 @@ def replicas_needed(scenario: Scenario | dict[str, Any] | str | Path, target_rps
         raise ExperimentError(f"--target-rps {target_rps}: must be > 0")
     base = load_scenario(scenario, {"workload.rate_rps": target_rps})
     objectives = parse_slo(slo)
+    _check_goodput_slo(base, objectives)
     tried: dict[int, tuple[bool, pd.DataFrame]] = {}
 
     def check(n: int) -> bool:

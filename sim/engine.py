@@ -35,11 +35,18 @@ class SimPyDriver:
         self._wake_at_s = [math.nan] * n
         self._idle_since_s = [0.0] * n  # when each replica last became idle
 
-    def run(self) -> float:
-        """Simulate until no event is left; return the final simulated time (s)."""
+    def run(self, until_s: float | None = None) -> float:
+        """Simulate until no event is left (or until ``until_s``); return the final simulated
+        time (s). Work still queued or running at ``until_s`` stays unfinished.
+        """
         self._schedule_tick()
-        self.env.run()
-        return float(self.env.now)
+        env = self.env
+        if until_s is None:
+            env.run()
+            return float(env.now)
+        while env.peek() <= until_s:
+            env.step()
+        return float(env.now) if env.peek() == math.inf else float(until_s)
 
     # -- scheduling --------------------------------------------------------------------------
     def _schedule_tick(self) -> None:

@@ -1,18 +1,28 @@
 """Summary metrics from the record tables (the same code for simulated and live runs).
 
 The measurement window is ``[warmup_s, horizon_s]``: ``horizon_s`` is the workload's
-``duration_s`` when it has one, else the last arrival. Request metrics cover the requests that
-*arrive* in the window; batch metrics the batches that *start* in it; utilisation and queue
-length are time-weighted over it.
+``duration_s`` when it has one, else the last arrival (a stopped live run: the stop time).
+A run may go on after the horizon to drain its queue; ``end_s`` is when it stopped.
 
-* latency = finish − arrival, queue wait = start − arrival, service = finish − start, over ok
-  requests: mean, p50, p90, p95, p99, p99.9, max (numpy's default linear percentiles);
-* throughput = ok / window; goodput = ok within the SLO / window;
-* error rate (total and per cause) = non-ok terminal outcomes / arrivals;
-* batch size (requests and items), batch utilisation = mean batch / max batch size;
+* throughput = ok requests that *finish* inside the window / window length: what a load
+  tester reports; under overload it is the capacity, never the offered load;
+* offered = arrivals in the window / window length;
+* goodput = those completions whose latency met ``slo_s`` / window length (None without an
+  SLO: it is not the throughput);
+* latency = finish − arrival, queue wait = start − arrival, service = finish − start: mean,
+  p50, p90, p95, p99, p99.9, max (numpy's default linear percentiles) over the requests that
+  *arrive* in the window and end ok. Requests still unfinished when the run stopped are
+  *censored*: latency and queue wait count them with ``end_s`` as their finish (a lower
+  bound), and each of those stats says how many (``censored``);
+* error rate (total and per cause) = non-ok terminal outcomes / arrivals in the window;
+* batch size (requests and items) over the batches that *start* in the window, batch
+  utilisation = mean batch / max batch size;
 * device utilisation = busy time / (window × replicas), busy time counted per replica as the
   union of its batch intervals;
 * queue length: time-weighted mean, p95 and max of the total over all queues;
+* requests in system: time-weighted mean over the window, with Little's law as a check
+  (``littles_law``: in-system mean against throughput × mean latency);
+* stability: see :mod:`sim.stability`;
 * cost per million ok requests from a price per replica-hour.
 """
 
@@ -25,6 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.stability import queue_trend, time_weighted_total, verdict
 from sim.types import ERROR_CAUSES
 
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
@@ -39,8 +50,12 @@ class Window:
         horizon_s: End of the measurement window.
         replicas: Number of replicas.
         max_batch_size: Largest batch the policy may form.
-        slo_s: Latency objective for goodput (None: goodput = throughput).
+        slo_s: Latency objective for goodput (None: no goodput).
         price_per_replica_hour: For cost per million requests (0: not reported).
+        end_s: When the run stopped (inf: every request was drained).
+        capacity_rps: The fleet's capacity (see :func:`sim.stability.capacity_rps`).
+        closed_loop: Arrivals come from closed-loop clients.
+        bounded: A queue bound, a request timeout or a dropping policy sheds excess load.
     """
 
     warmup_s: float
@@ -49,6 +64,10 @@ class Window:
     max_batch_size: int
     slo_s: float | None = None
     price_per_replica_hour: float = 0.0
+    end_s: float = math.inf
+    capacity_rps: float = math.nan
+    closed_loop: bool = False
+    bounded: bool = False
 
     @property
     def length_s(self) -> float:
@@ -56,14 +75,18 @@ class Window:
         return max(self.horizon_s - self.warmup_s, 0.0)
 
 
-def _stats_ms(values_s: np.ndarray) -> dict[str, float]:
+def _stats_ms(values_s: np.ndarray, censored: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any]
     if values_s.size == 0:
-        return dict.fromkeys(("mean", *PERCENTILES, "max"), math.nan)
-    ms = values_s * 1e3
-    q = np.percentile(ms, list(PERCENTILES.values()))
-    out = {"mean": float(ms.mean())}
-    out.update({k: float(v) for k, v in zip(PERCENTILES, q, strict=True)})
-    out["max"] = float(ms.max())
+        out = dict.fromkeys(("mean", *PERCENTILES, "max"), math.nan)
+    else:
+        ms = values_s * 1e3
+        q = np.percentile(ms, list(PERCENTILES.values()))
+        out = {"mean": float(ms.mean())}
+        out.update({k: float(v) for k, v in zip(PERCENTILES, q, strict=True)})
+        out["max"] = float(ms.max())
+    if censored is not None:
+        out["censored"] = censored
     return out
 
 
@@ -86,13 +109,7 @@ def queue_length_stats(queue: pd.DataFrame, lo_s: float, hi_s: float) -> dict[st
     """Time-weighted mean, p95 and max of the total queue length over [lo, hi]."""
     if queue.empty or hi_s <= lo_s:
         return {"mean": math.nan, "p95": math.nan, "max": math.nan}
-    frame = queue.sort_values("time_s", kind="stable")
-    delta = frame.groupby("queue")["length"].diff().fillna(frame["length"]).to_numpy()
-    total = np.cumsum(delta)
-    times = frame["time_s"].to_numpy()
-    # keep the last value at each instant
-    last = np.concatenate((times[1:] != times[:-1], [True]))
-    times, total = times[last], total[last]
+    times, total = time_weighted_total(queue)
     before = times <= lo_s
     start_len = total[before][-1] if before.any() else 0.0
     inside = (times > lo_s) & (times < hi_s)
@@ -106,9 +123,31 @@ def queue_length_stats(queue: pd.DataFrame, lo_s: float, hi_s: float) -> dict[st
     return {"mean": mean, "p95": p95, "max": float(vals.max())}
 
 
+def in_system_mean(requests: pd.DataFrame, lo_s: float, hi_s: float, end_s: float) -> float:
+    """Time-mean number of requests in the system (queued or running) over [lo, hi].
+
+    A request is in the system from its arrival to its terminal time (finish, rejection,
+    expiry, drop); one still unfinished counts until ``end_s``.
+    """
+    if hi_s <= lo_s or requests.empty:
+        return math.nan
+    arrival = requests["arrival_s"].to_numpy()
+    leave = requests["finish_s"].to_numpy(dtype=float, na_value=np.nan)
+    leave = np.where(np.isnan(leave), end_s, leave)
+    overlap = np.minimum(leave, hi_s) - np.maximum(arrival, lo_s)
+    return float(np.sum(np.clip(overlap, 0.0, None)) / (hi_s - lo_s))
+
+
+def ok_latency_s(requests: pd.DataFrame, window: Window) -> np.ndarray:
+    """Latency (s) of the ok requests that arrived in the measurement window."""
+    inwin = requests[requests["arrival_s"] >= window.warmup_s]
+    ok = inwin[inwin["status"].astype(str) == "ok"]
+    return (ok["finish_s"] - ok["arrival_s"]).to_numpy()
+
+
 def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame,
               window: Window, driver: str) -> dict[str, Any]:
-    """The run summary (keys as in ``shared/design.md``)."""
+    """The run summary (keys as in the README's metrics table)."""
     lo, hi, span = window.warmup_s, window.horizon_s, window.length_s
     inwin = requests[requests["arrival_s"] >= lo]
     status = inwin["status"].astype(str)
@@ -118,39 +157,69 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
     counts = {cause: int((status == cause).sum()) for cause in ERROR_CAUSES}
     errors = sum(counts.values())
     per_s = (1.0 / span) if span > 0 else math.nan
-    good = int(np.sum(latency <= window.slo_s)) if window.slo_s is not None else len(ok)
+    # completions: ok requests (whenever they arrived) that finished inside the window
+    all_ok = requests[requests["status"].astype(str) == "ok"]
+    finish_all = all_ok["finish_s"].to_numpy()
+    done_in = (finish_all >= lo) & (finish_all <= hi)
+    completions = int(done_in.sum())
+    good: int | None = None
+    if window.slo_s is not None:
+        lat_all = finish_all - all_ok["arrival_s"].to_numpy()
+        good = int(np.sum(done_in & (lat_all <= window.slo_s)))
+    # censored: arrived in the window, still queued or running when the run stopped
+    pending = inwin[status == "in_flight"]
+    censored = len(pending)
+    end_s = window.end_s if math.isfinite(window.end_s) else hi
+    lat_all_in = np.concatenate((latency, end_s - pending["arrival_s"].to_numpy()))
+    started = pending["start_s"].to_numpy(dtype=float, na_value=np.nan)
+    wait_pending = np.where(np.isnan(started), end_s, started) - pending["arrival_s"].to_numpy()
+    wait = np.concatenate(((ok["start_s"] - ok["arrival_s"]).to_numpy(), wait_pending))
     bwin = batches[batches["start_s"] >= lo]
     mean_batch = float(bwin["size"].mean()) if len(bwin) else math.nan
     busy = np.array([busy_s(batches, r, lo, hi) for r in range(window.replicas)])
     util = busy / span if span > 0 else np.full(window.replicas, math.nan)
     hist = bwin["size"].value_counts().sort_index()
-    throughput = len(ok) * per_s
+    throughput = completions * per_s
+    offered = arrivals * per_s
     cost = math.nan
     if window.price_per_replica_hour > 0 and throughput > 0:
         cost = window.price_per_replica_hour * window.replicas / 3600.0 / throughput * 1e6
+    utilization = float(util.mean()) if util.size else math.nan
+    in_system = in_system_mean(requests, lo, hi, end_s)
+    mean_latency_s = float(latency.mean()) if latency.size else math.nan
+    little = throughput * mean_latency_s
+    stability = verdict(offered_rps=offered, capacity=window.capacity_rps,
+                        utilization=utilization, trend=queue_trend(queue, lo, hi),
+                        window_s=span, closed_loop=window.closed_loop, bounded=window.bounded)
     return {
         "driver": driver,
         "requests": arrivals,
         "ok": len(ok),
         **counts,
         "in_flight": int((status == "in_flight").sum()),
+        "censored": censored,
+        "completions": completions,
         "window_s": span,
-        "offered_rps": arrivals * per_s,
+        "offered_rps": offered,
         "throughput_rps": throughput,
-        "goodput_rps": good * per_s,
+        "goodput_rps": None if good is None else good * per_s,
         "error_rate": errors / arrivals if arrivals else math.nan,
         "error_rate_by_cause": {c: (n / arrivals if arrivals else math.nan)
                                 for c, n in counts.items()},
-        "latency_ms": _stats_ms(latency),
-        "queue_ms": _stats_ms((ok["start_s"] - ok["arrival_s"]).to_numpy()),
+        "latency_ms": _stats_ms(lat_all_in, censored),
+        "queue_ms": _stats_ms(wait, censored),
         "service_ms": _stats_ms((ok["finish_s"] - ok["start_s"]).to_numpy()),
         "batches": len(bwin),
         "mean_batch_size": mean_batch,
         "mean_batch_items": float(bwin["items"].mean()) if len(bwin) else math.nan,
         "batch_size_hist": {str(k): int(v) for k, v in hist.items()},
         "batch_utilization": mean_batch / window.max_batch_size if len(bwin) else math.nan,
-        "utilization": float(util.mean()) if util.size else math.nan,
+        "utilization": utilization,
         "utilization_per_replica": [float(u) for u in util],
         "queue_len": queue_length_stats(queue, lo, hi),
+        "in_system_mean": in_system,
+        "littles_law": {"in_system_mean": in_system, "throughput_x_latency": little,
+                        "rel_gap": (in_system - little) / little if little else math.nan},
+        "stability": stability,
         "cost_per_million_usd": cost,
     }

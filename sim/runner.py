@@ -20,6 +20,8 @@ from sim.build import (
     build_workload,
     horizon_s,
     max_batch_size,
+    scenario_capacity_rps,
+    sheds_load,
 )
 from sim.core import ClientSource, ScheduleSource, ServingCore
 from sim.engine import SimPyDriver
@@ -27,6 +29,7 @@ from sim.metrics import Window, summarize
 from sim.records import RequestTable
 from sim.rundir import run_meta, write_run_dir
 from sim.scenario import Scenario, load_scenario
+from sim.service import ServiceModel
 from sim.workloads import ClosedLoop
 
 
@@ -78,22 +81,50 @@ def build_core(scenario: Scenario, streams: Streams,
                        timeout_s=timeout_s, estimate_s=estimate_s)
 
 
-def window_for(scenario: Scenario, requests: pd.DataFrame) -> Window:
-    """The measurement window of a finished run."""
+def planned_horizon_s(scenario: Scenario, core: ServingCore) -> float:
+    """The window's end as known before the run: ``duration_s``, else the last scheduled
+    arrival (inf for a closed loop bounded only by ``n_requests``).
+    """
+    if isinstance(core.source, ScheduleSource):
+        n = core.table.n
+        return horizon_s(scenario, float(core.table.arrival_s[n - 1]) if n else 0.0)
+    duration = getattr(scenario.workload, "duration_s", None)
+    return math.inf if duration is None else float(duration)
+
+
+def window_for(scenario: Scenario, requests: pd.DataFrame, service: ServiceModel, *,
+               end_s: float = math.inf, stopped_s: float | None = None) -> Window:
+    """The measurement window of a finished run (the one place that defines it).
+
+    Args:
+        scenario: The resolved scenario.
+        requests: The run's request table.
+        service: The service model (for the capacity in the stability verdict).
+        end_s: When the run stopped (inf: it drained every request).
+        stopped_s: A stopped live run: when it stopped admitting (ends the window early).
+    """
     last = float(requests["arrival_s"].max()) if len(requests) else 0.0
+    horizon = horizon_s(scenario, last)
+    if stopped_s is not None:
+        horizon = min(horizon, stopped_s)
+    mean_size = float(requests["size"].mean()) if len(requests) else 1.0
     return Window(
         warmup_s=scenario.warmup_s,
-        horizon_s=horizon_s(scenario, last),
+        horizon_s=horizon,
         replicas=scenario.replicas,
         max_batch_size=max_batch_size(scenario),
         slo_s=None if scenario.slo_ms is None else scenario.slo_ms / 1e3,
         price_per_replica_hour=scenario.price_per_replica_hour,
+        end_s=end_s,
+        capacity_rps=scenario_capacity_rps(scenario, service, mean_size),
+        closed_loop=scenario.workload.kind == "closed",
+        bounded=sheds_load(scenario),
     )
 
 
 def run(scenario: Scenario | dict[str, Any] | str | Path,
         overrides: list[str] | dict[str, Any] | None = None, *,
-        service_seed: int | None = None) -> Result:
+        service_seed: int | None = None, drain_timeout_s: float | None = None) -> Result:
     """Simulate a scenario.
 
     Args:
@@ -102,6 +133,9 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         service_seed: Draw service times from this seed instead of the scenario's, keeping
             its arrivals, routing and think times (replications on one arrival schedule, as
             ``compare`` uses them). Recorded in meta.json.
+        drain_timeout_s: Stop this long after the horizon, leaving what is still queued or
+            running unfinished (censored), as a live run with the same drain timeout does.
+            None: drain every request.
 
     Returns:
         The :class:`Result` (same seed: identical tables and summary).
@@ -117,16 +151,22 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         streams = dataclasses.replace(streams, service=np.random.default_rng(service_seed))
     service = build_service(scn, streams.service)
     core = build_core(scn, streams, service.median_s)
-    end_s = SimPyDriver(core, service).run()
+    until_s = None
+    if drain_timeout_s is not None and math.isfinite(planned_horizon_s(scn, core)
+                                                     + drain_timeout_s):
+        until_s = planned_horizon_s(scn, core) + drain_timeout_s
+    end_s = SimPyDriver(core, service).run(until_s)
     counts = core.check_invariants()
     sim_wall_s = time.perf_counter() - t0
     requests = core.table.to_frame(core.source.admitted)
     batches = core.batches.to_frame()
     queue = core.queue_series.to_frame()
-    summary = summarize(requests, batches, queue, window_for(scn, requests), driver="sim")
+    window = window_for(scn, requests, service, end_s=end_s if until_s is not None else math.inf)
+    summary = summarize(requests, batches, queue, window, driver="sim")
     meta = run_meta(scn, driver="sim", device={"kind": "simulated", "service": repr(service)},
                     extra={"end_s": end_s, "wall_s": sim_wall_s, "status_counts": counts,
-                           "service_seed": service_seed,
+                           "service_seed": service_seed, "drain_timeout_s": drain_timeout_s,
+                           "drain_s": max(0.0, end_s - window.horizon_s),
                            "requests_per_wall_s": (len(requests) / sim_wall_s
                                                    if sim_wall_s > 0 else math.nan)})
     return Result(scn, summary, requests, batches, queue, meta)

@@ -36,8 +36,12 @@ def test_summary_by_hand() -> None:
                                       price_per_replica_hour=3.6), "sim")
     # window [0.9, 4.9] = 4 s; arrivals in it: ids 1..4
     assert s["requests"] == 4 and s["ok"] == 2
-    assert s["throughput_rps"] == pytest.approx(0.5)
-    assert s["goodput_rps"] == pytest.approx(0.25)  # latencies 1.0 and 1.5; SLO 1.2 s
+    assert s["offered_rps"] == pytest.approx(1.0)
+    # completions inside the window: ids 0 (arrived before it, finished at 1.0), 1 and 2
+    assert s["completions"] == 3
+    assert s["throughput_rps"] == pytest.approx(0.75)
+    # of those, latencies 0.5, 1.0 and 1.5 s; SLO 1.2 s -> 2 met
+    assert s["goodput_rps"] == pytest.approx(0.5)
     assert s["error_rate"] == pytest.approx(0.5)
     assert s["error_rate_by_cause"] == {"rejected": 0.25, "timed_out": 0.25, "dropped": 0.0,
                                         "failed": 0.0}
@@ -50,8 +54,47 @@ def test_summary_by_hand() -> None:
     # queue: 1 during [2,2.5] and [3,4] -> 1.5 / 4
     assert s["queue_len"]["mean"] == pytest.approx(0.375)
     assert s["queue_len"]["max"] == 1
-    # 3.6 $/h = 0.001 $/s at 0.5 req/s -> 0.002 $ per request -> 2000 $ per million
-    assert s["cost_per_million_usd"] == pytest.approx(2000)
+    # 3.6 $/h = 0.001 $/s at 0.75 req/s -> 1/750 $ per request
+    assert s["cost_per_million_usd"] == pytest.approx(1e6 / 750)
+    assert s["censored"] == 0 and s["latency_ms"]["censored"] == 0
+
+
+def test_no_slo_means_no_goodput() -> None:
+    req, bat, q = tables()
+    s = summarize(req, bat, q, Window(warmup_s=0.9, horizon_s=4.9, replicas=1,
+                                      max_batch_size=4), "sim")
+    assert s["goodput_rps"] is None
+    assert s["throughput_rps"] == pytest.approx(0.75)
+
+
+def test_backlog_at_the_horizon_is_censored_and_not_throughput() -> None:
+    # window [0, 4]; the run stopped at 5 s with id 2 running and id 3 still queued;
+    # id 1 finished at 4.5, after the horizon: not a completion of the window
+    requests = pd.DataFrame({
+        "id": [0, 1, 2, 3],
+        "arrival_s": [0.0, 1.0, 2.0, 3.0],
+        "start_s": [0.0, 2.0, 4.5, np.nan],
+        "finish_s": [2.0, 4.5, np.nan, np.nan],
+        "batch_id": [0, 1, 2, -1], "replica": [0, 0, 0, -1],
+        "status": ["ok", "ok", "in_flight", "in_flight"],
+    })
+    batches = pd.DataFrame({"batch_id": [0, 1, 2], "replica": [0, 0, 0],
+                            "start_s": [0.0, 2.0, 4.5], "finish_s": [2.0, 4.5, np.nan],
+                            "size": [1, 1, 1], "items": [1, 1, 1]})
+    queue = pd.DataFrame({"time_s": [0.0, 1.0, 2.0, 2.0, 3.0, 4.5], "queue": [0] * 6,
+                          "length": [0, 1, 0, 1, 2, 1]})
+    s = summarize(requests, batches, queue, Window(0.0, 4.0, 1, 1, end_s=5.0), "live")
+    assert s["completions"] == 1 and s["throughput_rps"] == pytest.approx(0.25)
+    assert s["offered_rps"] == pytest.approx(1.0)
+    assert s["censored"] == 2 and s["in_flight"] == 2
+    # latencies: 2.0, 3.5 (ok), and lower bounds 5-2 = 3, 5-3 = 2 for the censored
+    assert s["latency_ms"]["censored"] == 2
+    assert s["latency_ms"]["mean"] == pytest.approx(1e3 * (2.0 + 3.5 + 3.0 + 2.0) / 4)
+    assert s["latency_ms"]["max"] == pytest.approx(3500)
+    # queue waits: 0, 1 (ok), 2.5 (started at 4.5), 2 (never started: until 5)
+    assert s["queue_ms"]["mean"] == pytest.approx(1e3 * (0 + 1 + 2.5 + 2) / 4)
+    # in system: id0 [0,2], id1 [1,4], id2 [2,4], id3 [3,4] inside [0,4] -> 2+3+2+1 = 8 / 4
+    assert s["in_system_mean"] == pytest.approx(2.0)
 
 
 def test_busy_time_counts_overlaps_once() -> None:
