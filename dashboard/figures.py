@@ -7,21 +7,22 @@ Units in every axis title; the Okabe-Ito palette (colour-blind safe); figures us
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from calibration.report import PALETTE
+from sim.metrics import ok_latency_s
 from sim.runner import Result
 
 TEMPLATE = "plotly"
 
 
 def _ok_latency_ms(result: Result) -> np.ndarray:
-    req = result.requests
-    ok = req[(req["status"] == "ok") & (req["arrival_s"] >= result.scenario.warmup_s)]
-    return np.sort((ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3)
+    return np.sort(ok_latency_s(result.requests, result.scenario.warmup_s) * 1e3)
 
 
 def latency_cdf(results: Mapping[str, Result]) -> go.Figure:
@@ -108,26 +109,63 @@ def knee_index(load: Sequence[float], p99: Sequence[float]) -> int | None:
 
 
 def load_curves(frame: pd.DataFrame, config_col: str = "config") -> go.Figure:
-    """P50 and P99 against offered load per configuration, knee marked."""
-    fig = go.Figure()
+    """Achieved throughput against offered load, and P50/P99 against achieved throughput.
+
+    ``frame`` has one row per (configuration, load): ``offered_rps``, ``throughput_rps``
+    (completions in the window), ``latency_ms.p50``, ``latency_ms.p99`` and ``verdict``.
+    Throughput flattens at capacity while latency climbs; the knee (× : the first load whose
+    P99 exceeds 3× the lightest load's) sits on the achieved curve; unstable runs are drawn
+    as hollow red-edged markers, since their percentiles only say how long the run lasted.
+    """
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "achieved throughput vs offered load", "latency vs achieved throughput"))
     for i, (name, g) in enumerate(frame.groupby(config_col, sort=False)):
         g = g.sort_values("offered_rps")
         colour = PALETTE[i % len(PALETTE)]
-        fig.add_trace(go.Scatter(x=g["offered_rps"], y=g["latency_ms.p99"], name=f"{name} P99",
-                                 mode="lines+markers", line={"color": colour}))
-        fig.add_trace(go.Scatter(x=g["offered_rps"], y=g["latency_ms.p50"], name=f"{name} P50",
-                                 mode="lines", line={"color": colour, "dash": "dot"}))
-        knee = knee_index(g["offered_rps"].tolist(), g["latency_ms.p99"].tolist())
+        unstable = g.get("verdict", pd.Series("stable", index=g.index)) == "unstable"
+        symbols = np.where(unstable, "circle-open", "circle").tolist()
+        edge = np.where(unstable, "#D55E00", colour).tolist()
+        marker = {"symbol": symbols, "size": 9, "color": colour, "line": {"color": edge,
+                                                                          "width": 2}}
+        fig.add_trace(go.Scatter(x=g["offered_rps"], y=g["throughput_rps"], name=str(name),
+                                 legendgroup=str(name), mode="lines+markers", marker=marker,
+                                 line={"color": colour}), row=1, col=1)
+        fig.add_trace(go.Scatter(x=g["throughput_rps"], y=g["latency_ms.p99"],
+                                 name=f"{name} P99", legendgroup=str(name), showlegend=False,
+                                 mode="lines+markers", marker=marker, line={"color": colour}),
+                      row=1, col=2)
+        fig.add_trace(go.Scatter(x=g["throughput_rps"], y=g["latency_ms.p50"],
+                                 name=f"{name} P50", legendgroup=str(name), showlegend=False,
+                                 mode="lines", line={"color": colour, "dash": "dot"}),
+                      row=1, col=2)
+        knee = knee_index(g["throughput_rps"].tolist(), g["latency_ms.p99"].tolist())
         if knee is not None:
             row = g.iloc[knee]
-            fig.add_trace(go.Scatter(x=[row["offered_rps"]], y=[row["latency_ms.p99"]],
+            fig.add_trace(go.Scatter(x=[row["throughput_rps"]], y=[row["latency_ms.p99"]],
                                      mode="markers", marker={"symbol": "x", "size": 14,
                                                              "color": colour},
-                                     name=f"{name} knee"))
-    fig.update_layout(template=TEMPLATE, title="latency vs offered load",
-                      xaxis_title="offered load (req/s)", yaxis_title="latency (ms)",
-                      yaxis_type="log", height=400)
+                                     legendgroup=str(name), name=f"{name} knee"),
+                          row=1, col=2)
+    top = float(frame["offered_rps"].max()) if len(frame) else 1.0
+    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="throughput = offered",
+                             line={"color": "#999999", "dash": "dash"}), row=1, col=1)
+    fig.update_xaxes(title_text="offered load (req/s)", row=1, col=1)
+    fig.update_yaxes(title_text="achieved throughput (req/s)", row=1, col=1)
+    fig.update_xaxes(title_text="achieved throughput (req/s)", row=1, col=2)
+    fig.update_yaxes(title_text="latency P99 (solid), P50 (dotted) (ms)", type="log", row=1,
+                     col=2)
+    fig.update_layout(template=TEMPLATE, height=420)
     return fig
+
+
+def sweep_row(config: str, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """One row of a load sweep for :func:`load_curves` and :func:`goodput_curves`."""
+    return {"config": config, "offered_rps": summary["offered_rps"],
+            "throughput_rps": summary["throughput_rps"],
+            "latency_ms.p50": summary["latency_ms"]["p50"],
+            "latency_ms.p99": summary["latency_ms"]["p99"],
+            "goodput_rps": summary["goodput_rps"],
+            "verdict": (summary.get("stability") or {}).get("verdict", "stable")}
 
 
 def goodput_curves(frame: pd.DataFrame, config_col: str = "config") -> go.Figure:

@@ -40,7 +40,9 @@ def _scenario(policy: dict[str, Any], workload: dict[str, Any], profile: str = "
 
 def _row(label: str, result: Any) -> dict[str, Any]:
     s = result.summary
-    return {"": label, "throughput req/s": fmt(s["throughput_rps"]),
+    return {"": label, "offered req/s": fmt(s["offered_rps"]),
+            "throughput req/s": fmt(s["throughput_rps"]),
+            "stable?": s["stability"]["verdict"],
             "P50 ms": fmt(s["latency_ms"]["p50"]), "P99 ms": fmt(s["latency_ms"]["p99"]),
             "mean batch": fmt(s["mean_batch_size"], 2),
             "utilisation %": fmt(100 * s["utilization"]),
@@ -85,6 +87,16 @@ def exp_latency_vs_throughput(lang: str) -> None:
         if result is not None:
             rows.append(_row(f"batch ≤ {b}", result))
     _table(rows)
+    curve = []
+    for b in (1, 8, 32):
+        for load in (250, 500, 1000, 1500, 2500, 4000, 6000):
+            result = run_scenario(_scenario({"kind": "greedy", "max_batch_size": b},
+                                            {"kind": "poisson", "rate_rps": load,
+                                             "duration_s": 4}))
+            if result is not None:
+                curve.append(figures.sweep_row(f"batch ≤ {b}", result.summary))
+    if curve:
+        st.plotly_chart(figures.load_curves(pd.DataFrame(curve)))
 
 
 def exp_why_batching(lang: str) -> None:
@@ -221,12 +233,18 @@ LESSONS: list[Lesson] = [
            {"en": "2. Latency vs throughput: batch 1, 8, 32", "zh": "2. 延迟与吞吐：批大小 1、8、32"},
            {"en": "With batches the device does more work per call, so throughput rises; each "
                   "request may wait for its batch, so latency can rise too. Below the knee small "
-                  "batches win on latency; above it only batching keeps up at all.",
+                  "batches win on latency; above it only batching keeps up at all. Throughput "
+                  "is what *finishes* per second: it follows the offered load until the "
+                  "capacity, then flattens there while the queue and the latency grow without "
+                  "bound (the run is *unstable*: its P99 only says how long it ran).",
             "zh": "批处理让设备每次调用做更多工作，因此吞吐量上升；但请求可能要等待凑批，延迟也可能"
-                  "上升。拐点以下小批次延迟更低；拐点以上只有批处理才能跟上负载。"},
-           {"en": "Find the load where batch ≤ 1 stops keeping up. What does batch ≤ 32 cost at "
-                  "low load?", "zh": "找到批大小为 1 时跟不上负载的临界点。低负载时批大小 32 "
-                                     "付出了什么代价？"},
+                  "上升。拐点以下小批次延迟更低；拐点以上只有批处理才能跟上负载。吞吐量是每秒"
+                  "*完成*的请求数：它随负载上升直到容量，然后停在容量处，而队列和延迟无限增长"
+                  "（此时运行*不稳定*：其 P99 只反映运行了多久）。"},
+           {"en": "Find the load where batch ≤ 1 stops keeping up: where does its throughput "
+                  "flatten, and what is that capacity? What does batch ≤ 32 cost at low load?",
+            "zh": "找到批大小为 1 时跟不上负载的临界点：它的吞吐量在哪里变平，容量是多少？"
+                  "低负载时批大小 32 付出了什么代价？"},
            exp_latency_vs_throughput),
     Lesson("why-batching",
            {"en": "3. Why batching pays: per-item cost", "zh": "3. 为什么批处理划算：单条成本"},

@@ -57,14 +57,46 @@ def estimated_requests(scenario: sim.Scenario) -> float:
     return float(rate) * float(duration)
 
 
+MAX_YAML_NODES = 100_000
+
+
+class UploadError(ValueError):
+    """An uploaded file cannot be used; the message is one line naming the file."""
+
+
 def parse_upload(data: bytes, name: str) -> Any:
-    """Parse an uploaded JSON or YAML file safely (size-limited, safe loaders only)."""
+    """Parse an uploaded JSON or YAML file safely.
+
+    Size-limited (:data:`MAX_UPLOAD_BYTES`), UTF-8 only, safe loaders only; YAML aliases are
+    refused (a "billion laughs" file expands a few lines into gigabytes once anything walks
+    it), and so are files of more than :data:`MAX_YAML_NODES` nodes.
+
+    Raises:
+        UploadError: one line naming the file and what is allowed.
+    """
     if len(data) > MAX_UPLOAD_BYTES:
-        raise ValueError(f"{name}: {len(data):,} bytes; the limit is {MAX_UPLOAD_BYTES:,}")
-    text = data.decode("utf-8", errors="strict")
+        raise UploadError(f"{name}: {len(data):,} bytes; the limit is {MAX_UPLOAD_BYTES:,}")
+    try:
+        text = data.decode("utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise UploadError(f"{name}: not a UTF-8 text file (JSON or YAML expected)") from None
     if name.endswith(".json"):
-        return json.loads(text)
-    return yaml.safe_load(text)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UploadError(f"{name}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    try:
+        for nodes, event in enumerate(yaml.parse(text, Loader=yaml.SafeLoader)):
+            if isinstance(event, yaml.AliasEvent):
+                raise UploadError(f"{name}: YAML aliases (*name) are not allowed in uploads")
+            if nodes >= MAX_YAML_NODES:
+                raise UploadError(f"{name}: more than {MAX_YAML_NODES:,} YAML nodes")
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f", line {where.line + 1}" if where is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise UploadError(f"{name}: not valid YAML ({problem}{line})") from None
 
 
 def profile_choice(key: str, label: str = "latency profile",

@@ -79,6 +79,8 @@ def compare_rows(sim_summaries: dict[str, Any] | Sequence[dict[str, Any]],
     rho = float(np.median([metric(x, "utilization") for x in sims]))
     rows = []
     for key, label in METRICS:
+        if key == "goodput_rps" and all(x.get(key) is None for x in sims):
+            continue  # no SLO set: there is no goodput to compare
         s = float(np.median([metric(x, key) for x in sims]))
         lv = np.array([metric(x, key) for x in live_summaries], dtype=float)
         med = float(np.median(lv)) if lv.size else math.nan

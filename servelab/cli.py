@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from calibration.profile import ProfileError, builtin_profiles
 from sim.core import InvariantError, PolicyError
@@ -17,7 +18,7 @@ from sim.workloads import WorkloadError
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="servelab: simulate and measure model-serving policies.")
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, emoji=False)
 
 USER_ERRORS = (ScenarioError, ProfileError, WorkloadError, ValueError, OSError,
                ImportError)
@@ -25,7 +26,8 @@ USER_ERRORS = (ScenarioError, ProfileError, WorkloadError, ValueError, OSError,
 
 def fail(message: str, code: int = 2) -> None:
     """Print a one-line error and exit non-zero (no traceback)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    text = " ".join(str(message).split())  # one line, whatever the message held
+    err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

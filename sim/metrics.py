@@ -138,9 +138,11 @@ def in_system_mean(requests: pd.DataFrame, lo_s: float, hi_s: float, end_s: floa
     return float(np.sum(np.clip(overlap, 0.0, None)) / (hi_s - lo_s))
 
 
-def ok_latency_s(requests: pd.DataFrame, window: Window) -> np.ndarray:
-    """Latency (s) of the ok requests that arrived in the measurement window."""
-    inwin = requests[requests["arrival_s"] >= window.warmup_s]
+def ok_latency_s(requests: pd.DataFrame, warmup_s: float) -> np.ndarray:
+    """Latency (s) of the ok requests that arrived in the measurement window (after
+    ``warmup_s``), in request order.
+    """
+    inwin = requests[requests["arrival_s"] >= warmup_s]
     ok = inwin[inwin["status"].astype(str) == "ok"]
     return (ok["finish_s"] - ok["arrival_s"]).to_numpy()
 

@@ -312,9 +312,14 @@ class Trace(OpenLoop):
                 raise WorkloadError(f"workload.size_column: {self.size_column!r} must hold "
                                     "integers >= 1")
             sizes = col.to_numpy(np.int64)
-        order = np.argsort(seconds, kind="stable")
-        seconds = (seconds[order] - seconds[order][0]) * self.time_scale
-        return seconds, sizes[order]
+        back = np.flatnonzero(np.diff(seconds) < 0)
+        if back.size:
+            row = int(back[0]) + 1  # 0-based data row that goes back in time
+            raise WorkloadError(f"workload.timestamp_column: {self.timestamp_column!r} must "
+                                f"not go back in time (data row {row + 1}: {raw.iloc[row]} "
+                                f"after {raw.iloc[row - 1]}); sort the trace by it first")
+        seconds = (seconds - seconds[0]) * self.time_scale
+        return seconds, sizes
 
     def schedule(self, rng: np.random.Generator) -> ArrivalSchedule:
         """The (rate-scaled, bounded) trace."""

@@ -80,13 +80,17 @@ for i, policy in enumerate(policies):
         result = run_scenario(scenario(policy, rate * factor, sweep_seconds))
         if result is None:
             continue
-        s = result.summary
-        rows.append({"config": label(i, policy), "offered_rps": s["offered_rps"],
-                     "latency_ms.p50": s["latency_ms"]["p50"],
-                     "latency_ms.p99": s["latency_ms"]["p99"], "goodput_rps": s["goodput_rps"]})
+        rows.append(figures.sweep_row(label(i, policy), result.summary))
 if rows:
     frame = pd.DataFrame(rows)
-    a, b = st.columns(2)
-    a.plotly_chart(figures.load_curves(frame))
-    b.plotly_chart(figures.goodput_curves(frame))
-    st.caption("× marks the knee: the first load whose P99 is more than 3× the lightest load's.")
+    st.plotly_chart(figures.load_curves(frame))
+    st.caption("Throughput is what finished in the window: it follows the offered load, then "
+               "flattens at the capacity while latency climbs. × marks the knee (the first "
+               "load whose P99 is more than 3× the lightest load's); hollow red-edged markers "
+               "are unstable runs (offered load above capacity: their latency only says how "
+               "long the run lasted).")
+    unstable = frame[frame["verdict"] == "unstable"]
+    if len(unstable):
+        st.warning(f"{len(unstable)} of {len(frame)} sweep points are unstable: the offered "
+                   "load exceeds what the configuration can finish.")
+    st.plotly_chart(figures.goodput_curves(frame))

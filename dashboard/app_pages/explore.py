@@ -10,6 +10,7 @@ import yaml
 from dashboard import figures
 from dashboard.state import fmt, parse_upload, profile_choice, run_scenario
 from dashboard.widgets import policy_widgets, workload_widgets
+from sim.stability import stability_warning
 
 st.title("Explore")
 st.caption("Pick a profile, arrivals and a policy; everything re-simulates as you move a knob.")
@@ -66,6 +67,9 @@ with right:
     result = run_scenario(scenario)
     if result is not None:
         s = result.summary
+        warning = stability_warning(s)
+        if warning:
+            st.warning(f"This run is {warning}", icon="⚠️")
         cards = st.columns(5)
         cards[0].metric("throughput (req/s)", fmt(s["throughput_rps"], 1))
         cards[1].metric("P50 latency", fmt(s["latency_ms"]["p50"], 1, " ms"))

@@ -140,3 +140,42 @@ def test_replicas_can_be_placed_on_a_list_of_devices() -> None:
     runners = default_runners(scn)
     assert len(runners) == 3 and {r.device for r in runners} == {"cpu"}
     assert runners[0] is not runners[1]
+
+
+OVERLOAD = {
+    "seed": 9,
+    "service": {"kind": "linear", "base_ms": 5, "per_item_ms": 0, "deterministic": True},
+    "workload": {"kind": "poisson", "rate_rps": 400, "duration_s": 1.0},
+    "policy": {"kind": "none"},  # capacity 200 req/s: a backlog of ~200 at the horizon
+    "warmup_s": 0.1,
+    "model": {"name": "sleep"},
+}
+
+
+def test_a_live_run_with_a_drain_timeout_ends_on_time_with_censored_requests() -> None:
+    import time
+
+    t0 = time.perf_counter()
+    result = live(OVERLOAD, runners=[SleepRunner(lambda n: 0.005)], drain_timeout_s=0.5)
+    wall_s = time.perf_counter() - t0
+    s = result.summary
+    assert result.meta["drain_timed_out"] is True
+    # horizon 1 s + drain 0.5 s; one 5 ms batch may still be finishing, plus start-up
+    assert result.meta["end_s"] == pytest.approx(1.5, abs=0.05)
+    assert wall_s < 2.5
+    assert s["censored"] > 50
+    assert s["censored"] == int(((result.requests["arrival_s"] >= 0.1)
+                                 & (result.requests["status"] == "in_flight")).sum())
+    # completions in the window are the capacity (200 req/s), not the offered 400
+    assert s["throughput_rps"] == pytest.approx(200, rel=0.1)
+    assert s["offered_rps"] > 300
+    assert s["stability"]["verdict"] == "unstable"
+    assert sum(result.meta["status_counts"].values()) == len(result.requests)
+
+
+def test_live_refuses_an_unstable_scenario_unless_forced() -> None:
+    with pytest.raises(LiveError, match=r"unstable.*--force"):
+        live(OVERLOAD, runners=[SleepRunner(lambda n: 0.005)], force=False)
+    long = {**OVERLOAD, "workload": {"kind": "poisson", "rate_rps": 10, "duration_s": 900}}
+    with pytest.raises(LiveError, match="exceeds --max-wall-s 600"):
+        live(long, runners=[SleepRunner(lambda n: 0.005)], force=False)

@@ -55,6 +55,22 @@ def malformed_csv(tmp_path: Path) -> dict:
     return with_("", workload={"kind": "trace", "path": str(f)})
 
 
+def csv_workload(text: str, **extra: object):
+    def make(tmp_path: Path) -> dict:
+        f = tmp_path / "trace.csv"
+        f.write_text(text)
+        return with_("", workload={"kind": "trace", "path": str(f), **extra})
+    return make
+
+
+def profile_file(text: str):
+    def make(tmp_path: Path) -> dict:
+        f = tmp_path / "prof.json"
+        f.write_text(text)
+        return with_("", service={"kind": "profile", "path": str(f)})
+    return make
+
+
 CASES = [
     ("unknown policy kind", lambda t: with_("policy", kind="magic"), "policy.kind"),
     ("unknown workload kind", lambda t: with_("workload", kind="flood"), "workload.kind"),
@@ -96,6 +112,31 @@ CASES = [
      "outside the measured range"),
     ("not a mapping", lambda t: "- just\n- a list\n", "mapping"),
     ("invalid yaml", lambda t: "a: [unclosed\n", "YAML"),
+    ("unknown top-level key", lambda t: with_("", replica=2), "replica: unknown key"),
+    ("rate of the wrong type", lambda t: with_("workload", rate_rps="fast"),
+     "workload.rate_rps"),
+    ("zero rate", lambda t: with_("workload", rate_rps=0), "workload.rate_rps"),
+    ("empty rates_rps", lambda t: with_("", workload={"kind": "mmpp", "rates_rps": [],
+                                                      "mean_dwell_s": 1, "duration_s": 1}),
+     "workload.rates_rps"),
+    ("trace with no rows", csv_workload("TIMESTAMP\n"), "workload.path"),
+    ("trace unsorted", csv_workload("TIMESTAMP\n0.5\n0.2\n0.9\n"),
+     "workload.timestamp_column"),
+    ("trace non-numeric timestamps", csv_workload("TIMESTAMP\nabc\ndef\n"),
+     "workload.timestamp_column"),
+    ("trace size column with zeros", csv_workload("TIMESTAMP,n\n0.1,1\n0.2,0\n",
+                                                  size_column="n"), "workload.size_column"),
+    ("profile truncated", profile_file('{"schema_version": 1, "samples_s": {"1": [0.00'),
+     "not valid JSON"),
+    ("profile negative samples", profile_file(json.dumps({
+        "schema_version": 1, "batch_sizes": [1], "samples_s": {"1": [-0.001, 0.002]}})),
+     "samples must be finite and > 0"),
+    ("profile non-integer batch size", profile_file(json.dumps({
+        "schema_version": 1, "batch_sizes": [1.5], "samples_s": {"1.5": [0.001]}})),
+     "not a batch size"),
+    ("profile schema from the future", profile_file(json.dumps({
+        "schema_version": 7, "batch_sizes": [1], "samples_s": {"1": [0.001]}})),
+     "schema_version"),
 ]
 
 
@@ -107,18 +148,93 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, label, make, field) -> None:
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert field in result.output, result.output
-    assert result.output.strip().startswith("error:")
+    assert_one_error_line(result.output)
 
 
-def test_bad_override_and_missing_file(tmp_path) -> None:
+def assert_one_error_line(output: str) -> None:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    assert lines[0].startswith("error:"), output
+
+
+FLAG_CASES = [
+    ("--set without =", ["simulate", "{path}", "--set", "policy.max_batch_size"],
+     "KEY=VALUE"),
+    ("--set out of range", ["simulate", "{path}", "--set", "policy.max_batch_size=-1"],
+     "policy.max_batch_size"),
+    ("--set on a missing path", ["simulate", "{path}", "--set", "nosuch.key=1"],
+     "nosuch: unknown key"),
+    ("--set through a number", ["simulate", "{path}", "--set", "seed.x=1"],
+     "'seed' is not a section"),
+    ("scenario file missing", ["simulate", "{tmp}/nope.yaml"], "not found"),
+    ("unknown builtin scenario", ["simulate", "builtin:nope"], "unknown builtin"),
+    ("grid without =", ["sweep", "{path}", "--grid", "policy.max_batch_size"], "--grid"),
+    ("grid range incomplete", ["sweep", "{path}", "--grid", "policy.max_batch_size=1:"],
+     "START:STOP:STEP"),
+    ("grid range not numbers", ["sweep", "{path}", "--grid", "policy.max_batch_size=a:b:c"],
+     "range bounds must be numbers"),
+    ("slo key unknown", ["capacity", "{path}", "--slo", "p42_ms=3"], "allowed"),
+    ("goodput slo without slo_ms", ["capacity", "{path}", "--slo", "goodput_frac=0.9"],
+     "slo_ms"),
+    ("live drain timeout not positive", ["live", "{path}", "--drain-timeout-s", "0"],
+     "--drain-timeout-s"),
+]
+
+
+@pytest.mark.parametrize(("label", "args", "text"), FLAG_CASES, ids=[c[0] for c in FLAG_CASES])
+def test_bad_flags_are_one_clear_line(tmp_path, label, args, text) -> None:
+    path = write(tmp_path, {**GOOD, "model": {"name": "mlp"}})
+    argv = [a.format(path=path, tmp=tmp_path) for a in args]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert text in result.output, result.output
+    assert_one_error_line(result.output)
+
+
+def yaml_bomb() -> bytes:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i, name in enumerate("bcdefghi"):
+        prev = "abcdefghi"[i]
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines).encode()
+
+
+UPLOAD_CASES = [
+    ("oversized", b"a: 1\n" * 500_000, "s.yaml", "the limit is"),
+    ("not text", b"\x89PNG\r\n\x1a\n\x00\xff", "s.yaml", "not a UTF-8 text file"),
+    ("not YAML", b"a: [unclosed\n  b: {", "s.yaml", "not valid YAML"),
+    ("YAML bomb", yaml_bomb(), "s.yaml", "aliases"),
+    ("not JSON", b'{"schema_version": 1,', "p.json", "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("label", "data", "name", "text"), UPLOAD_CASES,
+                         ids=[c[0] for c in UPLOAD_CASES])
+def test_bad_dashboard_uploads_are_one_clear_line(label, data, name, text) -> None:
+    pytest.importorskip("streamlit")
+    from dashboard.state import UploadError, parse_upload
+
+    with pytest.raises(UploadError) as info:
+        parse_upload(data, name)
+    message = str(info.value)
+    assert text in message and name in message and "\n" not in message
+
+
+def test_at_least_thirty_bad_inputs_are_covered() -> None:
+    assert len(CASES) + len(FLAG_CASES) + len(UPLOAD_CASES) >= 30
+
+
+def test_a_bad_sweep_keeps_what_was_already_written(tmp_path) -> None:
     path = write(tmp_path, GOOD)
-    for args, text in [(["simulate", path, "--set", "policy.max_batch_size"], "KEY=VALUE"),
-                       (["simulate", path, "--set", "policy.max_batch_size=-1"],
-                        "policy.max_batch_size"),
-                       (["simulate", str(tmp_path / "nope.yaml")], "not found"),
-                       (["simulate", "builtin:nope"], "unknown builtin")]:
-        result = CliRunner().invoke(app, args)
-        assert result.exit_code == 2 and text in result.output, (args, result.output)
+    out = tmp_path / "sweep"
+    first = CliRunner().invoke(app, ["sweep", path, "--grid", "policy.max_batch_size=1,2",
+                                     "--seeds", "1", "--workers", "1", "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    before = (out / "runs.jsonl").read_text()
+    again = CliRunner().invoke(app, ["sweep", path, "--grid", "policy.max_batch_size=1:",
+                                     "--out", str(out)])
+    assert again.exit_code == 2
+    assert (out / "runs.jsonl").read_text() == before and len(before.splitlines()) == 2
 
 
 def test_console_script_exits_nonzero_without_traceback(tmp_path) -> None:

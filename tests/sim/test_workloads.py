@@ -99,9 +99,16 @@ def test_azure_trace_loads_and_scales() -> None:
 
 def test_trace_with_numeric_seconds(tmp_path) -> None:
     f = tmp_path / "t.csv"
-    f.write_text("ts,n\n10.5,1\n10.0,2\n12.0,3\n")
+    f.write_text("ts,n\n10.0,2\n10.5,1\n12.0,3\n")
     s = Trace(str(f), timestamp_column="ts", size_column="n").schedule(np.random.default_rng(0))
     assert s.arrival_s.tolist() == [0.0, 0.5, 2.0] and s.size.tolist() == [2, 1, 3]
+
+
+def test_an_unsorted_trace_is_refused_with_the_row(tmp_path) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text("ts\n10.5\n10.0\n12.0\n")
+    with pytest.raises(WorkloadError, match=r"ts.*go back in time \(data row 2: 10.0 after 10.5"):
+        Trace(str(f), timestamp_column="ts")
 
 
 @pytest.mark.parametrize(("make", "field"), [
