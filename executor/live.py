@@ -1,11 +1,12 @@
-"""The live driver: the wall clock and a real model around :class:`sim.core.ServingCore`.
+"""The live driver: the wall clock and a real model around :meth:`sim.core.ServingCore.step`.
 
-It mirrors :class:`sim.engine.SimPyDriver` event for event — an arrival while a replica is
-free, a replica freed, a wake-up due — but time is ``time.perf_counter()`` since the start and
-a batch runs ``runner.run_batch`` on a worker thread (one per replica; torch releases the GIL).
-The main thread sleeps until the next arrival or wake-up and wakes early when a batch
-completes. Arrivals keep their scheduled times in the records (the latency a client of the
-schedule sees); how late the driver actually noticed each one is reported as timer lateness.
+Like :class:`sim.engine.SimPyDriver` it is only a clock: it calls the core's one event loop
+with the time and the batches that finished, and runs the batches the core starts. Time is
+``time.perf_counter()`` since the start and a batch runs ``runner.run_batch`` on a worker
+thread (one per replica; torch releases the GIL). The main thread sleeps until the time the
+core asked for and wakes early when a batch completes. Arrivals keep their scheduled times in
+the records (the latency a client of the schedule sees); how late the driver actually
+noticed each one is reported as timer lateness.
 
 Draining: after the last arrival the driver finishes queued work, but not past
 ``drain_until_s`` (the horizon plus the drain timeout): what is still queued or running then
@@ -13,8 +14,12 @@ stays in flight (censored in the summary), and the run ends on time.
 
 Faults: a batch whose model call raises fails only its requests (reason kept); a batch that
 outlives ``batch_timeout_s`` fails its requests at the timeout while its replica stays busy
-until the call returns. :meth:`LiveDriver.stop` (Ctrl-C) stops admitting and then either drains
-what is queued and running or abandons the queue; either way the records stay consistent.
+until the call returns. A runner whose ``payloads()`` raises fails that batch the same way. A
+worker that cannot start at all (``prepare_thread()`` or its CUDA stream raises) fails every
+batch it is given with that reason and stops the run: :attr:`LiveDriver.fatal_error` says why.
+:meth:`LiveDriver.stop` (Ctrl-C) takes in the arrivals already due, stops admitting and then
+either drains what is queued and running (queued requests still expire) or abandons the
+queue; either way the records stay consistent.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from calibration.runners import ModelRunner
-from sim.core import Batch, ServingCore
+from sim.core import Batch, Finished, ServingCore
 
 _POLL_S = 0.05
 # Waking a sleeping thread takes ~0.1-0.3 ms on our VMs: that much would be added to every
@@ -40,11 +45,14 @@ SPIN_S = 0.0005
 
 
 @dataclass
-class _Done:
-    batch: Batch
-    finish_s: float
-    service_s: float
-    error: str | None
+class _Fatal:
+    replica: int
+    error: str
+
+
+def _reason(where: str, exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    return f"{where}: {text}" if where else text
 
 
 @dataclass
@@ -87,6 +95,7 @@ class _Worker(threading.Thread):
     def __init__(self, replica: int, runner: ModelRunner, inbox: queue.Queue[Any],
                  start_s: float, seed: int, health: Health, own_stream: bool = True) -> None:
         super().__init__(name=f"replica-{replica}", daemon=True)
+        self.replica = replica
         self.jobs: queue.Queue[Batch | None] = queue.Queue()
         self.runner, self.inbox, self.start_s = runner, inbox, start_s
         self.rng = np.random.default_rng(seed)
@@ -94,11 +103,29 @@ class _Worker(threading.Thread):
         self.own_stream = own_stream
 
     def run(self) -> None:
-        prepare = getattr(self.runner, "prepare_thread", None)
-        if prepare is not None:
-            prepare()
-        with self._stream_context():
-            self._loop()
+        try:
+            prepare = getattr(self.runner, "prepare_thread", None)
+            if prepare is not None:
+                prepare()
+            context = self._stream_context()
+        except Exception as exc:
+            self._refuse(_reason("replica could not start (prepare_thread/stream)", exc))
+            return
+        try:
+            with context:
+                self._loop()
+        except Exception as exc:  # the stream context itself failed
+            self._refuse(_reason("replica stream failed", exc))
+
+    def _refuse(self, error: str) -> None:
+        """This worker cannot run anything: say so, then fail every batch it is given."""
+        self.inbox.put(_Fatal(self.replica, error))
+        while True:
+            batch = self.jobs.get()
+            if batch is None:
+                return
+            now = time.perf_counter() - self.start_s
+            self.inbox.put(Finished(batch, now, 0.0, error))
 
     def _stream_context(self) -> Any:
         """On CUDA, run this replica's batches on its own stream (``cuda_streams``)."""
@@ -116,16 +143,20 @@ class _Worker(threading.Thread):
             batch = self.jobs.get()
             if batch is None:
                 return
-            payloads = self.runner.payloads(len(batch.request_ids), self.rng)
-            begin = time.perf_counter()
-            self.health.handoff_s.append(begin - self.start_s - batch.start_s)
             error: str | None = None
             try:
-                self.runner.run_batch(payloads)
+                payloads = self.runner.payloads(len(batch.request_ids), self.rng)
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                payloads, error = None, _reason("payloads", exc)
+            begin = time.perf_counter()
+            self.health.handoff_s.append(begin - self.start_s - batch.start_s)
+            if error is None:
+                try:
+                    self.runner.run_batch(payloads)  # type: ignore[arg-type]
+                except Exception as exc:
+                    error = _reason("", exc)
             end = time.perf_counter()
-            self.inbox.put(_Done(batch, end - self.start_s, end - begin, error))
+            self.inbox.put(Finished(batch, end - self.start_s, end - begin, error))
 
 
 class LiveDriver:
@@ -147,16 +178,16 @@ class LiveDriver:
         self.stream_per_replica = stream_per_replica
         self.spin_s = spin_s
         self.health = Health()
-        self._inbox: queue.Queue[_Done] = queue.Queue()
+        self._inbox: queue.Queue[Finished | _Fatal] = queue.Queue()
         self._stop = threading.Event()
         self._stop_mode = "drain"
-        self._wake_at = [math.inf] * core.n_replicas
         self._timed_out: set[int] = set()
         self.stopped_early = False
         self.stopped_at_s: float | None = None  # when stop() took effect
         self.drain_timed_out = False  # work was left in flight at the drain deadline
-        self._closing = False
+        self.fatal_error: str | None = None  # a replica's worker could not start
         self.start_perf = 0.0
+        self._wake_s = 0.0
 
     def stop(self, mode: str = "drain") -> None:
         """Stop admitting arrivals; ``drain`` finishes queued work, ``abandon`` does not."""
@@ -171,7 +202,9 @@ class LiveDriver:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> float:
-        """Run until the schedule is exhausted and all work is done (or stopped)."""
+        """Run until the schedule is exhausted and all work is done (or stopped, or the drain
+        deadline passed); return the end time (s since the start).
+        """
         core = self.core
         self.start_perf = time.perf_counter()
         workers = [_Worker(r, runner, self._inbox, self.start_perf, self.seed * 1000 + r,
@@ -180,8 +213,9 @@ class LiveDriver:
         for w in workers:
             w.start()
         self._workers = workers
-        stop_deadline = self.drain_until_s
+        deadline = self.drain_until_s
         stop_noted = False
+        finished: list[Finished] = []
         try:
             while True:
                 now = self.now_s()
@@ -189,112 +223,85 @@ class LiveDriver:
                     stop_noted = True
                     self.stopped_early = True
                     self.stopped_at_s = now
-                    stop_deadline = min(stop_deadline, now + (
+                    deadline = min(deadline, now + (
                         self.drain_timeout_s if self._stop_mode == "drain" else 0.0))
-                    self._close_source()
-                self._collect(block_s=0.0)
+                    core.admit_until(now)  # what was due by the stop still arrives
+                    core.source.close()
+                abandoning = self._stop.is_set() and self._stop_mode == "abandon"
+                self._step(now, finished, dispatch=not abandoning)
+                finished = []
                 now = self.now_s()
-                was_free = core.any_free()
-                touched = core.admit_until(now) if not self._stop.is_set() else set()
-                if touched and was_free:  # (while all are busy, an arrival only queues)
-                    self._note_arrival_lateness(now)
-                self._consult_touched(touched, now)
-                self._fire_wakes(now)
                 self._expire_batches(now)
                 busy = any(core.running)
-                queued = sum(q.length for q in core.queues)
-                next_arrival = core.next_arrival_s() if not self._stop.is_set() else math.inf
-                if not busy and next_arrival == math.inf and (
-                        queued == 0 or min(self._wake_at) == math.inf):
+                queued = core.queued()
+                if not busy and core.source.peek_s() == math.inf and (
+                        queued == 0 or core.next_policy_wake_s() == math.inf):
                     break
-                abandoning = self._stop.is_set() and self._stop_mode == "abandon"
-                if abandoning and (now >= stop_deadline or not busy):
+                if abandoning and (now >= deadline or not busy):
                     break  # running batches still end and are recorded; the queue stays
-                if now >= stop_deadline:
+                if now >= deadline:
                     self.drain_timed_out = True  # the rest stays in flight (censored)
                     break
-                wait_until = min(next_arrival if core.any_free() else math.inf,
-                                 min(self._wake_at), self._next_batch_timeout(), stop_deadline)
+                wait_until = min(self._wake_s, self._next_batch_timeout(), deadline)
                 wait_s = wait_until - self.now_s()
                 if wait_s > self.spin_s:
-                    self._collect(block_s=min(wait_s - self.spin_s, _POLL_S))
+                    finished = self._collect(block_s=min(wait_s - self.spin_s, _POLL_S))
                 else:
                     time.sleep(0)  # due within spin_s: yield, then look again
+                    finished = self._collect(block_s=0.0)
         finally:
             end_s = self.now_s()
-            self._closing = True
             for w in workers:
                 w.jobs.put(None)
             for w in workers:
                 w.join(timeout=60)
             if not self.drain_timed_out:  # batches that ended with the loop: record them
-                self._collect(block_s=0.0)
+                finished += self._collect(block_s=0.0)
+                if finished:
+                    core.step(self.now_s(), finished, dispatch=False)
         return end_s
 
     # -- steps -------------------------------------------------------------------------------
-    def _close_source(self) -> None:
-        """Stop admitting: arrivals not yet admitted never happen."""
-        self.core.source.close()
+    def _step(self, now: float, finished: list[Finished], *, dispatch: bool) -> None:
+        core = self.core
+        was_free = core.any_free()
+        admitted = core.source.admitted
+        due = core.next_policy_wake_s()
+        t0 = time.perf_counter()
+        step = core.step(now, finished, dispatch=dispatch)
+        overhead = time.perf_counter() - t0
+        if was_free and core.source.admitted > admitted:  # an arrival found a replica free
+            last = core.table.arrival_s[core.source.admitted - 1]
+            self.health.arrival_lateness_s.append(max(0.0, now - last))
+        if due <= now:
+            self.health.wake_lateness_s.append(now - due)
+        if step.start:
+            self.health.dispatch_overhead_s.append(overhead)
+        for batch in step.start:
+            self._workers[batch.replica].jobs.put(batch)
+        self._wake_s = step.wake_s
 
-    def _collect(self, block_s: float) -> None:
+    def _collect(self, block_s: float) -> list[Finished]:
+        out: list[Finished] = []
         try:
             item = self._inbox.get(timeout=block_s) if block_s > 0 else self._inbox.get_nowait()
         except queue.Empty:
-            return
+            return out
         while True:
-            self._complete(item)
+            if isinstance(item, _Fatal):
+                if self.fatal_error is None:
+                    self.fatal_error = f"replica {item.replica}: {item.error}"
+                self.stop("abandon")
+            else:
+                error = item.error
+                if item.batch.id in self._timed_out:
+                    self._timed_out.discard(item.batch.id)
+                    error = error or "batch_timeout"
+                out.append(Finished(item.batch, item.finish_s, item.service_s, error))
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
-                return
-
-    def _complete(self, done: _Done) -> None:
-        core = self.core
-        batch = done.batch
-        error = done.error
-        if batch.id in self._timed_out:
-            self._timed_out.discard(batch.id)
-            error = error or "batch_timeout"
-        core.finish(batch, done.finish_s, done.service_s, error)
-        if self._closing or (self._stop.is_set() and self._stop_mode == "abandon"):
-            return
-        now = self.now_s()
-        touched = core.admit_until(now) if not self._stop.is_set() else set()
-        self._consult(batch.replica, now)
-        self._consult_touched(touched, now, skip=batch.replica)
-
-    def _note_arrival_lateness(self, now: float) -> None:
-        # lateness of the newest admitted arrival (the one the driver was waiting for)
-        admitted = self.core.source.admitted
-        if admitted:
-            last = self.core.table.arrival_s[admitted - 1]
-            self.health.arrival_lateness_s.append(max(0.0, now - last))
-
-    def _consult_touched(self, touched: set[int], now: float, skip: int = -1) -> None:
-        for replica in self.core.free_replicas_of(touched, skip):
-            self._consult(replica, now)
-
-    def _fire_wakes(self, now: float) -> None:
-        for replica, due in enumerate(self._wake_at):
-            if due <= now and self.core.free(replica):
-                self.health.wake_lateness_s.append(now - due)
-                self._wake_at[replica] = math.inf
-                self._consult(replica, max(now, due))
-
-    def _consult(self, replica: int, now: float) -> None:
-        core = self.core
-        if self._stop.is_set() and self._stop_mode == "abandon":
-            return
-        while core.free(replica):
-            t0 = time.perf_counter()
-            batch, wake = core.decide(replica, now)
-            overhead = time.perf_counter() - t0
-            if batch is None:
-                self._wake_at[replica] = math.inf if wake is None else wake
-                return
-            self.health.dispatch_overhead_s.append(overhead)
-            self._wake_at[replica] = math.inf
-            self._workers[replica].jobs.put(batch)
+                return out
 
     def _next_batch_timeout(self) -> float:
         if self.batch_timeout_s is None:

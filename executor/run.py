@@ -133,10 +133,10 @@ def check_live_bounds(prediction: Result, *, max_wall_s: float, repeats: int = 1
     end_s = float(prediction.meta["end_s"])
     horizon = end_s - float(prediction.meta.get("drain_s", 0.0))
     estimate = repeats * (end_s + extra_s_per_run)
-    times = f"{repeats} × " if repeats > 1 else ""
-    detail = (f"about {estimate:,.0f} s of wall time ({times}horizon {horizon:,.0f} s + "
-              f"predicted drain {end_s - horizon:,.0f} s"
-              + (f" + probes {extra_s_per_run:.0f} s" if extra_s_per_run else "") + ")")
+    parts = (f"horizon {horizon:,.0f} s + predicted drain {end_s - horizon:,.0f} s"
+             + (f" + probes {extra_s_per_run:.0f} s" if extra_s_per_run else ""))
+    detail = (f"about {estimate:,.0f} s of wall time ("
+              + (f"{repeats} runs × ({parts})" if repeats > 1 else parts) + ")")
     if stability["verdict"] == "unstable":
         raise LiveError(f"refusing to run live: the simulator predicts an unstable run "
                         f"({stability['reason']}); {detail}. Lower workload.rate_rps, bound "

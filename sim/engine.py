@@ -1,14 +1,13 @@
-"""The SimPy driver: simulated time around :class:`sim.core.ServingCore`.
+"""The SimPy driver: simulated time around :meth:`sim.core.ServingCore.step`.
 
-Three kinds of SimPy event, each a plain ``Timeout`` with a callback (no process per request):
+Two kinds of SimPy event, each a plain ``Timeout`` with a callback (no process per request):
 
-* an *arrival tick* at the next arrival time, scheduled only while some replica is free
-  (an arrival that finds every replica busy just joins its queue when the core next looks);
-* a *batch done* event per dispatched batch, after a service time drawn from the model;
-* a *wake-up* per replica when a policy asked for one (superseded by any later decision).
+* a *batch done* event per started batch, after a service time drawn from the model (from
+  its cold samples when the replica had idled long enough, see :attr:`Batch.idle_s`);
+* a *wake-up* at the time the core asked for (the next arrival while a replica is free, or a
+  policy's wake-up); a later step that asks for another time supersedes it.
 
-The policy is consulted exactly on the events of the design: an arrival while its replica is
-free, a replica becoming free, and a wake-up falling due.
+Everything else — admission, routing, which policy to ask and when — is the core's.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import cast
 
 import simpy
 
-from sim.core import Batch, ServingCore
+from sim.core import Batch, Finished, ServingCore, Step
 from sim.service import ServiceModel
 
 
@@ -29,17 +28,14 @@ class SimPyDriver:
         self.core = core
         self.service = service
         self.env = simpy.Environment()
-        self._tick_pending = False
-        n = core.n_replicas
-        self._wake_token = [0] * n
-        self._wake_at_s = [math.nan] * n
-        self._idle_since_s = [0.0] * n  # when each replica last became idle
+        self._wake_token = 0
+        self._wake_s = math.inf  # the pending wake-up
 
     def run(self, until_s: float | None = None) -> float:
         """Simulate until no event is left (or until ``until_s``); return the final simulated
         time (s). Work still queued or running at ``until_s`` stays unfinished.
         """
-        self._schedule_tick()
+        self._apply(self.core.step(0.0))
         env = self.env
         if until_s is None:
             env.run()
@@ -48,75 +44,30 @@ class SimPyDriver:
             env.step()
         return float(env.now) if env.peek() == math.inf else float(until_s)
 
-    # -- scheduling --------------------------------------------------------------------------
-    def _schedule_tick(self) -> None:
-        if self._tick_pending or not self.core.any_free():
-            return
-        arrival_s = self.core.next_arrival_s()
-        if arrival_s == math.inf:
-            return
-        self._tick_pending = True
-        event = self.env.timeout(max(0.0, arrival_s - self.env.now), arrival_s)
-        event.callbacks.append(self._on_tick)
-
-    def _consult(self, replica: int, now_s: float) -> None:
-        core, env = self.core, self.env
-        while core.free(replica):
-            batch, wake_s = core.decide(replica, now_s)
-            if batch is None:
-                if wake_s is None:
-                    self._wake_token[replica] += 1
-                    self._wake_at_s[replica] = math.nan
-                elif wake_s != self._wake_at_s[replica]:
-                    self._wake_token[replica] += 1
-                    self._wake_at_s[replica] = wake_s
-                    event = env.timeout(wake_s - now_s,
-                                        (replica, self._wake_token[replica], wake_s))
-                    event.callbacks.append(self._on_wake)
-                return
-            self._wake_token[replica] += 1
-            self._wake_at_s[replica] = math.nan
-            first = core.running[replica] == 1  # this batch ends an idle period
-            idle_s = now_s - self._idle_since_s[replica] if first else 0.0
-            service_s = self.service.sample_s(batch.items, idle_s)
+    def _apply(self, step: Step) -> None:
+        env, service = self.env, self.service
+        for batch in step.start:
+            service_s = service.sample_s(batch.items, batch.idle_s)
             event = env.timeout(service_s, (batch, service_s))
             event.callbacks.append(self._on_done)
+        wake_s = step.wake_s
+        if wake_s != self._wake_s:
+            self._wake_s = wake_s
+            self._wake_token += 1
+            if wake_s != math.inf:
+                event = env.timeout(max(0.0, wake_s - env.now), (self._wake_token, wake_s))
+                event.callbacks.append(self._on_wake)
 
-    def _consult_touched(self, touched: set[int], now_s: float, skip: int = -1) -> None:
-        for replica in self.core.free_replicas_of(touched, skip):
-            self._consult(replica, now_s)
-
-    # -- callbacks ---------------------------------------------------------------------------
     # Events carry their exact target time: ``now + (t - now)`` can round below ``t``, and a
     # policy must see ``now_s >= t`` when its wake-up (or an arrival) falls due.
-    def _on_tick(self, event: simpy.Event) -> None:
-        self._tick_pending = False
-        now_s = max(self.env.now, cast(float, event.value))
-        self._consult_touched(self.core.admit_until(now_s), now_s)
-        self._schedule_tick()
-
     def _on_done(self, event: simpy.Event) -> None:
-        batch: Batch
         batch, service_s = cast(tuple[Batch, float], event.value)
         now_s = self.env.now
-        core = self.core
-        core.finish(batch, now_s, service_s)
-        if core.running[batch.replica] == 0:
-            self._idle_since_s[batch.replica] = now_s
-        touched = core.admit_until(now_s)
-        self._consult(batch.replica, now_s)
-        if touched:
-            self._consult_touched(touched, now_s, skip=batch.replica)
-        self._schedule_tick()
+        self._apply(self.core.step(now_s, (Finished(batch, now_s, service_s),)))
 
     def _on_wake(self, event: simpy.Event) -> None:
-        replica, token, wake_s = cast(tuple[int, int, float], event.value)
-        if token != self._wake_token[replica] or not self.core.free(replica):
+        token, wake_s = cast(tuple[int, float], event.value)
+        if token != self._wake_token:
             return
-        self._wake_at_s[replica] = math.nan
-        now_s = max(self.env.now, wake_s)
-        touched = self.core.admit_until(now_s)
-        self._consult(replica, now_s)
-        if touched:
-            self._consult_touched(touched, now_s, skip=replica)
-        self._schedule_tick()
+        self._wake_s = math.inf
+        self._apply(self.core.step(max(self.env.now, wake_s)))

@@ -29,7 +29,14 @@ class RequestQueue:
         self.index = index
         self.length = 0
         self.items = 0
+        self.routed = False  # per-replica queues: a request's replica column names its queue
         self.view = QueueViewImpl(self)
+
+    def holds(self, request_id: int) -> bool:
+        """Whether the request is waiting in this queue."""
+        table = self.table
+        return table.status[request_id] == QUEUED and (
+            not self.routed or table.replica[request_id] == self.index)
 
     def push(self, request_id: int) -> None:
         """Enqueue a request (status must already be QUEUED)."""
@@ -208,6 +215,10 @@ class QueueViewImpl:
     def oldest_arrival_s(self) -> float:
         """Earliest arrival among the queued requests."""
         return self._q.oldest_arrival_s()
+
+    def contains(self, request_id: int) -> bool:
+        """Whether the request is waiting in this queue."""
+        return 0 <= request_id < self._q.table.n and self._q.holds(request_id)
 
     def arrival_s(self, request_id: int) -> float:
         """Arrival time of a request."""

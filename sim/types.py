@@ -107,6 +107,10 @@ class QueueView(Protocol):
         """Arrival time of a queued request."""
         ...
 
+    def contains(self, request_id: int) -> bool:
+        """Whether the request is still waiting in this queue."""
+        ...
+
     def size(self, request_id: int) -> int:
         """Items of a queued request."""
         ...

@@ -1,0 +1,131 @@
+"""Admission: arrivals join queues (routed at their own time), bounds reject, timeouts expire.
+
+Arrivals are admitted lazily: before anything reads the queues, the core calls
+:meth:`Admission.admit_until` and every arrival and expiry up to that time is applied in time
+order with its own timestamp. A router sees the loads of the arrival's own time: the core
+admits up to a batch's finish time *before* recording the finish, so a request that arrived
+while every replica was busy is routed with that replica still busy, as it was then.
+
+Invariant: every queue's ``length`` equals its requests with status QUEUED.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sim.queues import RequestQueue
+from sim.records import QueueSeries, RequestTable
+from sim.routing import ReplicaLoad, Router
+from sim.sources import ScheduleSource, Source, end_request
+from sim.types import QUEUED, REJECTED, TIMED_OUT
+
+REASON_QUEUE_FULL = "queue_full"
+REASON_TIMEOUT = "queue_timeout"
+_NONE: frozenset[int] = frozenset()
+_SHARED: frozenset[int] = frozenset({0})
+
+
+class Admission:
+    """Arrivals into queues: routing, the length bound and per-request timeouts.
+
+    Args:
+        table: Request records.
+        source: Where arrivals come from.
+        queues: The queues (one shared, or one per replica).
+        router: Per-replica queues fed by this router; ``None`` = the one shared queue.
+        queue_series: Where queue-length changes are recorded.
+        loads: Per-replica loads at a time (what the router sees).
+        max_len: Reject an arrival when its queue already holds this many (None: unbounded).
+        timeout_s: Expire a request still waiting this long after arrival (None: never).
+    """
+
+    def __init__(self, table: RequestTable, source: Source, queues: Sequence[RequestQueue],
+                 router: Router | None, queue_series: QueueSeries,
+                 loads: Callable[[float], list[ReplicaLoad]], *, max_len: int | None = None,
+                 timeout_s: float | None = None) -> None:
+        self.table = table
+        self.source = source
+        self.queues = list(queues)
+        self.router = router
+        self.queue_series = queue_series
+        self.loads = loads
+        self.max_len = max_len
+        self.timeout_s = timeout_s
+        self._expiry: deque[tuple[float, int]] = deque()
+        # open loop, one shared queue, no admission limits: runs of arrivals go in at once
+        self._bulk = (router is None and max_len is None and timeout_s is None
+                      and isinstance(source, ScheduleSource))
+        if self._bulk:
+            sizes = np.frombuffer(table.size, dtype=np.int64)
+            self._cum_items = np.concatenate(([0], np.cumsum(sizes)))
+
+    def admit_until(self, now_s: float) -> frozenset[int] | set[int]:
+        """Apply every arrival and expiry up to ``now_s`` in time order.
+
+        Returns:
+            The queues that received requests.
+        """
+        if self._bulk:
+            return self._admit_bulk(now_s)
+        touched: set[int] = set()
+        source, timeout_s = self.source, self.timeout_s
+        while True:
+            arrival_s = source.peek_s()
+            if timeout_s is not None and self._expiry:
+                self._expire_until(min(arrival_s, now_s))
+            if arrival_s > now_s:
+                return touched
+            self._admit(source.pop(), arrival_s, touched)
+
+    def _admit_bulk(self, now_s: float) -> frozenset[int]:
+        source = self.source
+        assert isinstance(source, ScheduleSource)
+        first = source.next_id
+        arrival = self.table.arrival_s
+        if first >= source.n or arrival[first] > now_s:
+            return _NONE
+        queue = self.queues[0]
+        if first + 1 >= source.n or arrival[first + 1] > now_s:  # the common case: one arrival
+            source.next_id = first + 1
+            queue.push(first)
+            self.queue_series.record(arrival[first], 0, queue.length)
+            return _SHARED
+        last = bisect.bisect_right(arrival, now_s, first, source.n)
+        source.next_id = last
+        before = queue.length
+        queue.extend(range(first, last), int(self._cum_items[last] - self._cum_items[first]))
+        self.queue_series.record_run(arrival[first:last], 0, before + 1)
+        return _SHARED
+
+    def _admit(self, rid: int, arrival_s: float, touched: set[int]) -> None:
+        table = self.table
+        if self.router is None:
+            q = 0
+        else:
+            q = self.router.route(arrival_s, rid, self.loads(arrival_s))
+            table.replica[rid] = q
+        queue = self.queues[q]
+        if self.max_len is not None and queue.length >= self.max_len:
+            end_request(table, self.source, rid, REJECTED, arrival_s, REASON_QUEUE_FULL)
+            return
+        queue.push(rid)
+        self.queue_series.record(arrival_s, q, queue.length)
+        touched.add(q)
+        if self.timeout_s is not None:
+            self._expiry.append((arrival_s + self.timeout_s, rid))
+
+    def _expire_until(self, until_s: float) -> None:
+        expiry, status = self._expiry, self.table.status
+        while expiry and expiry[0][0] <= until_s:
+            at_s, rid = expiry.popleft()
+            if status[rid] != QUEUED:
+                continue
+            q = 0 if self.router is None else self.table.replica[rid]
+            queue = self.queues[q]
+            end_request(self.table, self.source, rid, TIMED_OUT, at_s, REASON_TIMEOUT)
+            queue.forget(rid)
+            self.queue_series.record(at_s, q, queue.length)

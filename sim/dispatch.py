@@ -1,0 +1,237 @@
+"""Dispatch and completion: the policy calls, batches started on replicas and finished.
+
+The :class:`Dispatcher` knows what runs where. It asks a free replica's policy what to do,
+checks the decision against the contract (only queued requests, none twice, no batch above
+``max_batch_size``; a :class:`PolicyError` otherwise), applies drops, starts the batch and
+records its end. It has no clock: times come from the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sim.queues import RequestQueue
+from sim.records import BatchTable, QueueSeries, RequestTable
+from sim.routing import ReplicaLoad
+from sim.sources import ClientSource, Source, end_request
+from sim.types import DROPPED, FAILED, OK, QUEUED, RUNNING, Policy, ReplicaView
+
+
+class PolicyError(RuntimeError):
+    """A policy returned a decision that breaks the contract (a bug in the policy)."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """A dispatched batch.
+
+    Attributes:
+        id: Batch id (row in the batch table).
+        replica: Replica that runs it.
+        request_ids: Its requests, in dispatch order.
+        items: Total items (what the service time depends on).
+        start_s: Dispatch time.
+        expected_s: The latency model's estimate of its service time (routers by work).
+        idle_s: How long the replica had been idle before this batch (0 when it was busy):
+            a profile with cold samples draws from them after a long enough idle.
+    """
+
+    id: int
+    replica: int
+    request_ids: tuple[int, ...]
+    items: int
+    start_s: float
+    expected_s: float
+    idle_s: float = 0.0
+
+
+class Dispatcher:
+    """Replicas, their policies and their running batches.
+
+    Args:
+        table: Request records.
+        source: Where arrivals come from (told when a request ends).
+        policies: One policy object per replica.
+        queues: The queues; replica ``r`` pulls from ``queues[queue_of[r]]``.
+        queue_of: Queue index per replica.
+        queue_series: Where queue-length changes are recorded.
+        estimate_s: Latency model, seconds for a batch of ``items`` items.
+        needs_work: Keep work estimates (a router that routes by outstanding work).
+    """
+
+    def __init__(self, table: RequestTable, source: Source, policies: Sequence[Policy],
+                 queues: Sequence[RequestQueue], queue_of: Sequence[int],
+                 queue_series: QueueSeries, estimate_s: Callable[[int], float], *,
+                 needs_work: bool = False) -> None:
+        self.table = table
+        self.source = source
+        self.policies = list(policies)
+        self.n_replicas = len(self.policies)
+        self.queues = list(queues)
+        self.queue_of = list(queue_of)
+        self.queue_series = queue_series
+        self.estimate_s = estimate_s
+        self.needs_work = needs_work
+        self._closed = isinstance(source, ClientSource)  # only clients hear of answers
+        self.running = [0] * self.n_replicas
+        self.max_running = [p.max_concurrent_batches for p in self.policies]
+        self.free_replicas = self.n_replicas  # replicas with running < max (kept exact)
+        self.running_batches: list[dict[int, Batch]] = [{} for _ in range(self.n_replicas)]
+        self.idle_since_s = [0.0] * self.n_replicas
+        self.batches = BatchTable()
+        self._idle_views = [ReplicaView(r, 0, p.max_concurrent_batches)
+                            for r, p in enumerate(self.policies)]
+        self._max_batch = max(p.max_batch_size for p in self.policies)
+
+    # -- state ------------------------------------------------------------------------------
+    def free(self, replica: int) -> bool:
+        """Whether the replica may start another batch."""
+        return self.running[replica] < self.max_running[replica]
+
+    def loads(self, now_s: float) -> list[ReplicaLoad]:
+        """Per-replica load at ``now_s`` (what routers see)."""
+        out = []
+        for r in range(self.n_replicas):
+            queue = self.queues[self.queue_of[r]]
+            work = self.work_s(r, queue, now_s) if self.needs_work else 0.0
+            out.append(ReplicaLoad(r, queue.length, queue.items, self.running[r], work))
+        return out
+
+    def work_s(self, replica: int, queue: RequestQueue, now_s: float) -> float:
+        """Estimated seconds of work left on ``replica``: what its running batches still need
+        plus its queue cut into batches of ``max_batch_size`` *requests*, each carrying the
+        queue's mean items per request.
+        """
+        remaining = sum(max(0.0, b.expected_s - (now_s - b.start_s))
+                        for b in self.running_batches[replica].values())
+        if queue.length == 0:
+            return remaining
+        per_request = queue.items / queue.length
+        full, rest = divmod(queue.length, self._max_batch)
+        queued = full * self.estimate_s(max(1, round(self._max_batch * per_request)))
+        if rest:
+            queued += self.estimate_s(max(1, round(rest * per_request)))
+        return remaining + queued
+
+    # -- decisions ---------------------------------------------------------------------------
+    def decide(self, replica: int, now_s: float) -> tuple[Batch | None, float | None]:
+        """Ask the replica's policy what to do; apply drops and the dispatch.
+
+        Returns:
+            The batch to start now (or None) and the time to ask again (or None).
+        """
+        queue = self.queues[self.queue_of[replica]]
+        if queue.length == 0:
+            return None, None
+        policy = self.policies[replica]
+        view = (self._idle_views[replica] if self.running[replica] == 0 else
+                ReplicaView(replica, self.running[replica], policy.max_concurrent_batches))
+        decision = policy.decide(now_s, queue.view, view)
+        if decision.drop:
+            self._apply_drops(policy, queue, decision.drop, now_s)
+        batch = self._dispatch(replica, policy, queue, decision.dispatch, now_s) \
+            if decision.dispatch else None
+        wake_s = decision.wake_at_s
+        if batch is None and wake_s is not None and wake_s <= now_s:
+            raise PolicyError(f"{policy!r} asked to wake at {wake_s} s, not after now "
+                              f"({now_s} s), without dispatching")
+        return batch, wake_s
+
+    def _check_queued(self, policy: Policy, queue: RequestQueue, rid: int) -> None:
+        table = self.table
+        if not 0 <= rid < table.n or not queue.holds(rid):
+            raise PolicyError(f"{policy!r} chose request {rid}, which is not waiting in "
+                              f"queue {queue.index}")
+
+    def _apply_drops(self, policy: Policy, queue: RequestQueue,
+                     drops: Sequence[tuple[int, str]], now_s: float) -> None:
+        for rid, reason in drops:
+            self._check_queued(policy, queue, rid)
+            end_request(self.table, self.source, rid, DROPPED, now_s,
+                        reason or "dropped_by_policy")
+            queue.forget(rid)
+        self.queue_series.record(now_s, queue.index, queue.length)
+
+    def _dispatch(self, replica: int, policy: Policy, queue: RequestQueue,
+                  ids: tuple[int, ...], now_s: float) -> Batch:
+        n = len(ids)
+        if n > policy.max_batch_size:
+            raise PolicyError(f"{policy!r} dispatched {n} requests, above its "
+                              f"max_batch_size {policy.max_batch_size}")
+        table = self.table
+        status, size, start, batch_id, where = (table.status, table.size, table.start_s,
+                                                table.batch_id, table.replica)
+        routed = queue.routed
+        bid = len(self.batches.start_s)
+        items = 0
+        for rid in ids:
+            if status[rid] != QUEUED or (routed and where[rid] != queue.index):
+                self._check_queued(policy, queue, rid)
+                raise PolicyError(f"{policy!r} dispatched request {rid} twice in {ids}")
+            status[rid] = RUNNING
+            items += size[rid]
+            start[rid] = now_s
+            batch_id[rid] = bid
+            where[rid] = replica
+        self.batches.open(replica, now_s, n, items)
+        queue.length -= n
+        queue.items -= items
+        self.queue_series.record(now_s, queue.index, queue.length)
+        was = self.running[replica]
+        self.running[replica] = was + 1
+        if was + 1 == self.max_running[replica]:
+            self.free_replicas -= 1
+        batch = Batch(bid, replica, ids, items, now_s,
+                      self.estimate_s(items) if self.needs_work else 0.0,
+                      now_s - self.idle_since_s[replica] if was == 0 else 0.0)
+        self.running_batches[replica][bid] = batch
+        return batch
+
+    # -- completion --------------------------------------------------------------------------
+    def finish(self, batch: Batch, now_s: float, service_s: float,
+               error: str | None = None) -> None:
+        """Record a finished batch (``error``: it failed, with this reason) and free its slot.
+
+        Requests already failed while it ran (see :meth:`fail_running`) keep their outcome.
+        """
+        table = self.table
+        status, finish = table.status, table.finish_s
+        outcome = OK if error is None else FAILED
+        ended = []
+        for rid in batch.request_ids:
+            if status[rid] == RUNNING:
+                status[rid] = outcome
+                finish[rid] = now_s
+                ended.append(rid)
+        if error is not None:
+            for rid in ended:
+                table.reasons[rid] = error
+        if self._closed:
+            for rid in ended:
+                self.source.on_done(rid, now_s)
+        self.batches.close(batch.id, now_s, error is not None)
+        replica = batch.replica
+        if self.running[replica] == self.max_running[replica]:
+            self.free_replicas += 1
+        self.running[replica] -= 1
+        if self.running[replica] == 0:
+            self.idle_since_s[replica] = now_s
+        del self.running_batches[replica][batch.id]
+        self.policies[replica].on_batch_done(now_s, len(batch.request_ids), service_s)
+
+    def fail_running(self, batch: Batch, time_s: float, reason: str) -> None:
+        """Fail a running batch's requests now (e.g. a batch timeout); the replica stays busy
+        until :meth:`finish` is called for the batch.
+        """
+        status = self.table.status
+        for rid in batch.request_ids:
+            if status[rid] == RUNNING:
+                end_request(self.table, self.source, rid, FAILED, time_s, reason)
+
+    def running_requests(self) -> int:
+        """Requests in running batches that have not ended yet."""
+        status = self.table.status
+        return sum(1 for rb in self.running_batches for b in rb.values()
+                   for rid in b.request_ids if status[rid] == RUNNING)
+
