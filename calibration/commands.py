@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from calibration.errors import UserError
 from calibration.measure import calibrate, parse_batch_sizes
 from calibration.profile import LatencyProfile, load_profile, profile_summary
 from calibration.report import write_report
@@ -22,7 +23,7 @@ def parse_params(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
-            raise ValueError(f"--param {item!r}: expected KEY=VALUE, e.g. --param width=512")
+            raise UserError(f"--param {item!r}: expected KEY=VALUE, e.g. --param width=512")
         key, raw = item.split("=", 1)
         out[key.strip()] = yaml.safe_load(raw)
     return out
@@ -56,7 +57,7 @@ def run_calibration(*, model: str, device: str, dtype: str, threads: int | None,
     for size, why in result.infeasible.items():
         console.print(f"[yellow]batch size {size} infeasible:[/] {why}")
     if result.profile is None:
-        raise ValueError("no batch size could be measured (all infeasible or interrupted "
+        raise UserError("no batch size could be measured (all infeasible or interrupted "
                          "before the first timed run)")
     path = result.profile.save(out)
     report = write_report([result.profile], path.with_suffix(".html"))

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.errors import UserError
 from calibration.fit import fit_curve
 from calibration.profile import LatencyProfile
 from calibration.runners import InfeasibleBatch, ModelRunner, synchronize
@@ -39,7 +40,7 @@ DEFAULT_WARMUP = 3
 Progress = Callable[[int, int, int], None]  # (done, total, batch size)
 
 
-class CalibrationError(ValueError):
+class CalibrationError(UserError):
     """Bad calibration arguments (batch sizes, reps, ...)."""
 
 

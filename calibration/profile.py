@@ -23,12 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from calibration.errors import UserError
+
 SCHEMA_VERSION = 1
 BUILTIN_PREFIX = "builtin:"
 _LOG = logging.getLogger(__name__)
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError):
     """A profile file is missing, malformed, or asked for a batch size it cannot answer."""
 
 

@@ -25,10 +25,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from calibration.errors import UserError
+
 DTYPES = ("fp32", "fp16", "bf16")
 
 
-class RunnerError(ValueError):
+class RunnerError(UserError):
     """A runner cannot be built as asked (unknown model, bad device or dtype, ...)."""
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 import sim
+from calibration.errors import UserError
 from calibration.profile import LatencyProfile
 from calibration.runners import ModelRunner
 from executor.probe import PROBE_MODES, drift, pooled_scale, probe, probe_sizes
@@ -165,11 +166,11 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     profile's prediction; its errors are kept per metric as ``rel_error_stored``.
     """
     if repeats < 1:
-        raise ValueError(f"--repeats {repeats}: must be >= 1")
+        raise UserError(f"--repeats {repeats}: must be >= 1")
     if sim_replications < 1:
-        raise ValueError(f"sim_replications {sim_replications}: must be >= 1")
+        raise UserError(f"sim_replications {sim_replications}: must be >= 1")
     if probe_mode not in PROBE_MODES:
-        raise ValueError(f"--probe {probe_mode!r}: allowed: {', '.join(PROBE_MODES)}")
+        raise UserError(f"--probe {probe_mode!r}: allowed: {', '.join(PROBE_MODES)}")
     scn = load_scenario(scenario, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -240,10 +241,10 @@ def rate_for_utilization(scenario: Scenario, rho: float, *, tol: float = 0.01,
     device utilisation ``rho`` for this scenario (bisection on the simulator).
     """
     if not 0 < rho < 1:
-        raise ValueError(f"--sweep rho={rho}: must lie in (0, 1)")
+        raise UserError(f"--sweep rho={rho}: must lie in (0, 1)")
     base = getattr(scenario.workload, "rate_rps", None)
     if base is None:
-        raise ValueError("--sweep: needs a workload with rate_rps (poisson, constant, gamma, "
+        raise UserError("--sweep: needs a workload with rate_rps (poisson, constant, gamma, "
                          "sinusoid)")
 
     def util(rate: float) -> float:

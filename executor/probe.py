@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.errors import UserError
 from calibration.profile import LatencyProfile
 from calibration.runners import ModelRunner
 from sim.scenario import Scenario
@@ -121,7 +122,7 @@ class Probe:
             others: More probes to pool with this one.
         """
         if mode not in PROBE_MODES[1:]:
-            raise ValueError(f"probe mode {mode!r}: allowed: {', '.join(PROBE_MODES[1:])}")
+            raise UserError(f"probe mode {mode!r}: allowed: {', '.join(PROBE_MODES[1:])}")
         probes = [self, *others]
         scale = pooled_scale(probes) if mode == "full" else 1.0
         cold = pooled_cold_scale(probes) if mode == "full" else None

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from calibration.errors import UserError
 from calibration.profile import LatencyProfile, load_profile
 from calibration.runners import ModelRunner, build_runner
 from sim.build import Streams, build_service
@@ -32,7 +33,7 @@ LOG = logging.getLogger(__name__)
 RunnerFactory = Callable[[Scenario], Sequence[ModelRunner]]
 
 
-class LiveError(ValueError):
+class LiveError(UserError):
     """The scenario cannot be run live as given (no model to run, mismatched settings)."""
 
 
@@ -80,6 +81,17 @@ def default_runners(scenario: Scenario) -> list[ModelRunner]:
     return runners
 
 
+def describe_runner(runner: ModelRunner) -> tuple[dict[str, Any], str | None]:
+    """``runner.describe()``, or an empty description and the error when it raises (a run's
+    records are never thrown away because a runner cannot describe itself).
+    """
+    try:
+        described = runner.describe()
+    except Exception as exc:
+        return {}, f"describe() failed: {type(exc).__name__}: {exc}".splitlines()[0][:200]
+    return (described if isinstance(described, dict) else {}), None
+
+
 def mismatch_warnings(scenario: Scenario, runners: Sequence[ModelRunner]) -> list[str]:
     """Differences between the profile's measurement and the live runner (device, threads,
     model): each one makes the simulator's prediction less trustworthy.
@@ -87,8 +99,8 @@ def mismatch_warnings(scenario: Scenario, runners: Sequence[ModelRunner]) -> lis
     profile = scenario_profile(scenario)
     if profile is None:
         return []
-    live = runners[0].describe()
-    notes = []
+    live, error = describe_runner(runners[0])
+    notes = [error] if error else []
     if profile.meta.get("synthetic"):
         notes.append("the profile is SYNTHETIC: predictions are not about this model")
     if profile.model.get("name") != live.get("model", {}).get("name"):
@@ -187,6 +199,11 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     streams = Streams.from_seed(scn.seed)
     service = build_service(scn, streams.service)
     estimate = service.median_s
+    concurrent = scn.policy.max_concurrent_batches
+    if concurrent > 1:
+        raise LiveError(f"policy.max_concurrent_batches: {concurrent} cannot run live (a "
+                        "replica's worker runs one batch at a time); use 1, or more replicas. "
+                        "The simulator overlaps such batches without contention")
     runner_list = list(runners) if runners is not None else default_runners(scn)
     warnings = mismatch_warnings(scn, runner_list)
     for note in warnings:
@@ -220,12 +237,13 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     summary = summarize(requests, batches, queue, window, driver="live")
     health = driver.health.summary()
     summary["executor_health"] = health
-    described = runner_list[0].describe()
+    described, describe_error = describe_runner(runner_list[0])
     meta = run_meta(scn, driver="live", device=described.get("device", {}), extra={
         "model": described.get("model"), "threads": described.get("threads"),
         "dtype": described.get("dtype"), "torch_version": described.get("torch_version"),
         "end_s": end_s, "wall_s": time.perf_counter() - t0, "status_counts": counts,
         "stopped_early": driver.stopped_early, "calibration_warnings": warnings,
         "drain_timeout_s": drain_s, "drain_timed_out": driver.drain_timed_out,
+        "fatal_error": driver.fatal_error, "describe_error": describe_error,
         "executor_health": health})
     return Result(scn, summary, requests, batches, queue, meta)

@@ -10,18 +10,20 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from calibration.profile import ProfileError, builtin_profiles
+from calibration.errors import UserError
+from calibration.profile import builtin_profiles
 from sim.core import InvariantError, PolicyError
-from sim.scenario import Scenario, ScenarioError, builtin_scenarios
-from sim.workloads import WorkloadError
+from sim.scenario import Scenario, builtin_scenarios
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="servelab: simulate and measure model-serving policies.")
 console = Console()
 err_console = Console(stderr=True, emoji=False)
 
-USER_ERRORS = (ScenarioError, ProfileError, WorkloadError, ValueError, OSError,
-               ImportError)
+# What a user can fix: bad input (every such error is a UserError naming the field) and files
+# that cannot be read or written. Anything else is a bug and is reported as one (exit 3).
+USER_ERRORS = (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+               PermissionError, FileExistsError)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -171,6 +173,10 @@ def live_cmd(
     if out is not None:
         result.write(out)
     warn_stability(result.summary)
+    fatal = result.meta.get("fatal_error")
+    if fatal:
+        where = f"; what was recorded is in {out}" if out is not None else ""
+        fail(f"the live run stopped: {fatal}{where}", code=1)
     for note in result.meta.get("calibration_warnings", []):
         err_console.print(f"[bold yellow]calibration mismatch:[/] {note}")
     from servelab.report import summary_table
@@ -469,12 +475,33 @@ def profile_compare(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    A bug (any exception that is not a :class:`UserError`) prints one line saying so, with
+    exit code 3; ``SERVELAB_DEBUG=1`` shows the traceback.
+    """
+    import os
+
     try:
-        app()
+        code = app(standalone_mode=False)  # click returns an Exit's code in this mode
     except KeyboardInterrupt:  # pragma: no cover - interactive
         err_console.print("interrupted")
         sys.exit(130)
+    except Exception as exc:
+        if type(exc).__name__ == "Abort":  # click's Ctrl-C at a prompt
+            err_console.print("interrupted")
+            sys.exit(130)
+        show, exit_code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(exit_code, int):  # click's usage error (exit 2)
+            show()
+            sys.exit(exit_code)
+        if os.environ.get("SERVELAB_DEBUG"):
+            raise
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        err_console.print(f"[bold red]internal error (please report; SERVELAB_DEBUG=1 shows "
+                          f"the traceback):[/] {escape(text)}", highlight=False, soft_wrap=True)
+        sys.exit(3)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from calibration.profile import load_profile
+from calibration.errors import UserError
+from calibration.profile import ProfileError, load_profile
 from sim.policies import POLICIES
 from sim.routing import Router, make_router
 from sim.scenario import Scenario
@@ -60,11 +61,14 @@ class Streams:
     service: np.random.Generator
     routing: np.random.Generator
     think: np.random.Generator
+    classes: np.random.Generator
 
     @classmethod
     def from_seed(cls, seed: int) -> Streams:
-        """Split ``seed`` into the four streams."""
-        gens = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
+        """Split ``seed`` into the five streams (the first four as before classes existed:
+        ``SeedSequence.spawn`` children depend only on their index).
+        """
+        gens = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)]
         return cls(*gens)
 
 
@@ -77,8 +81,13 @@ def build_service(scenario: Scenario, rng: np.random.Generator | None = None) ->
     cfg = scenario.service
     gen = rng if rng is not None else np.random.default_rng(0)
     if cfg.kind == "profile":
-        return ProfileService(load_profile(cfg.path, extrapolate=cfg.extrapolate), gen,
-                              cfg.deterministic)
+        try:
+            profile = load_profile(cfg.path, extrapolate=cfg.extrapolate)
+        except ProfileError as exc:
+            text = str(exc)
+            raise ProfileError(text if text.startswith("service.path") else
+                               f"service.path: {text}") from None
+        return ProfileService(profile, gen, cfg.deterministic)
     if cfg.kind == "linear":
         return LinearService(cfg.base_ms, cfg.per_item_ms, cfg.cv, gen, cfg.deterministic)
     if cfg.kind == "constant":
@@ -101,7 +110,7 @@ def arrival_schedule(scenario: Scenario) -> ArrivalSchedule:
     """The open-loop arrival schedule the scenario's seed produces (what live replays)."""
     workload = build_workload(scenario)
     if isinstance(workload, ClosedLoop):
-        raise ValueError("workload.kind: 'closed' has no schedule fixed in advance; the "
+        raise UserError("workload.kind: 'closed' has no schedule fixed in advance; the "
                          "driver runs its clients")
     return workload.schedule(Streams.from_seed(scenario.seed).arrivals)
 
@@ -122,6 +131,28 @@ def max_batch_size(scenario: Scenario) -> int:
     """Largest batch the scenario's policy may form."""
     cfg = scenario.policy
     return int(getattr(cfg, "max_batch_size", getattr(cfg, "batch_size", 1)))
+
+
+@dataclass(frozen=True)
+class Classes:
+    """Per-request class attributes drawn for an open-loop schedule."""
+
+    name: list[str]
+    priority: np.ndarray
+    slo_s: np.ndarray  # inf: no SLO
+
+
+def draw_classes(scenario: Scenario, n: int, rng: np.random.Generator) -> Classes | None:
+    """Assign each of ``n`` requests a class by the scenario's shares (None: no classes)."""
+    if not scenario.classes:
+        return None
+    shares = np.array([c.share for c in scenario.classes])
+    pick = rng.choice(len(shares), size=n, p=shares / shares.sum())
+    default = math.inf if scenario.slo_ms is None else scenario.slo_ms / 1e3
+    slo = np.array([default if c.slo_ms is None else c.slo_ms / 1e3 for c in scenario.classes])
+    names = [c.name for c in scenario.classes]
+    return Classes([names[i] for i in pick],
+                   np.array([c.priority for c in scenario.classes], np.int8)[pick], slo[pick])
 
 
 def policy_batch_sizes(scenario: Scenario) -> list[int]:

@@ -60,6 +60,18 @@ def parse_slo(items: Sequence[str] | Mapping[str, float]) -> dict[str, float]:
     return slo
 
 
+def raise_failed(rows: pd.DataFrame, where: str) -> None:
+    """A run that failed is not an SLO that was missed: stop the search and say why.
+
+    Raises:
+        ExperimentError: naming the candidate, how many runs failed and the first error.
+    """
+    failed = rows[rows["error"] != ""]
+    if len(failed):
+        raise ExperimentError(f"capacity: {len(failed)} of {len(rows)} runs at {where} failed "
+                              f"(not an SLO miss): {failed['error'].iloc[0]}")
+
+
 def unstable_runs(rows: pd.DataFrame) -> int:
     """How many of the runs the stability verdict calls unstable."""
     if "stability.verdict" not in rows:
@@ -158,6 +170,7 @@ def capacity(scenario: Scenario | dict[str, Any] | str | Path,
         if value in cache:
             return cache[value]
         rows = sweep(base, {over: [value]}, seeds, workers=workers, dask=dask)
+        raise_failed(rows, f"{over}={value:g}")
         ok, values = meets(rows, objectives)
         runs.append(rows)
         evaluations.append({"value": value, "met": ok, **values})
@@ -208,6 +221,7 @@ def replicas_needed(scenario: Scenario | dict[str, Any] | str | Path, target_rps
 
     def check(n: int) -> bool:
         rows = sweep(base, {"replicas": [n]}, seeds, workers=workers, dask=dask)
+        raise_failed(rows, f"replicas={n}")
         tried[n] = (meets(rows, objectives)[0], rows)
         return tried[n][0]
 

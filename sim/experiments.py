@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from calibration.errors import UserError
 from sim.scenario import Scenario, load_scenario
 
 Progress = Callable[[int, int], None]  # (finished, total)
 
 
-class ExperimentError(ValueError):
+class ExperimentError(UserError):
     """Bad experiment arguments (grid, SLO, ...)."""
 
 

@@ -56,6 +56,8 @@ class Window:
         capacity_rps: The fleet's capacity (see :func:`sim.stability.capacity_rps`).
         closed_loop: Arrivals come from closed-loop clients.
         bounded: A queue bound, a request timeout or a dropping policy sheds excess load.
+        has_deadlines: Requests carry their own deadlines (request classes with an SLO):
+            goodput counts completions by their deadline.
     """
 
     warmup_s: float
@@ -68,6 +70,7 @@ class Window:
     capacity_rps: float = math.nan
     closed_loop: bool = False
     bounded: bool = False
+    has_deadlines: bool = False
 
     @property
     def length_s(self) -> float:
@@ -159,15 +162,7 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
     counts = {cause: int((status == cause).sum()) for cause in ERROR_CAUSES}
     errors = sum(counts.values())
     per_s = (1.0 / span) if span > 0 else math.nan
-    # completions: ok requests (whenever they arrived) that finished inside the window
-    all_ok = requests[requests["status"].astype(str) == "ok"]
-    finish_all = all_ok["finish_s"].to_numpy()
-    done_in = (finish_all >= lo) & (finish_all <= hi)
-    completions = int(done_in.sum())
-    good: int | None = None
-    if window.slo_s is not None:
-        lat_all = finish_all - all_ok["arrival_s"].to_numpy()
-        good = int(np.sum(done_in & (lat_all <= window.slo_s)))
+    completions, good = completions_in_window(requests, window)
     # censored: arrived in the window, still queued or running when the run stopped
     pending = inwin[status == "in_flight"]
     censored = len(pending)
@@ -224,4 +219,55 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
                         "rel_gap": (in_system - little) / little if little else math.nan},
         "stability": stability,
         "cost_per_million_usd": cost,
+        **({"classes": class_summaries(requests, window)} if "klass" in requests else {}),
     }
+
+
+def completions_in_window(requests: pd.DataFrame, window: Window) -> tuple[int, int | None]:
+    """Ok requests (whenever they arrived) that finished inside the window, and how many of
+    those met their SLO (their own deadline when requests carry one; None without any SLO).
+    """
+    lo, hi = window.warmup_s, window.horizon_s
+    all_ok = requests[requests["status"].astype(str) == "ok"]
+    finish = all_ok["finish_s"].to_numpy()
+    done_in = (finish >= lo) & (finish <= hi)
+    if window.slo_s is None and not window.has_deadlines:
+        return int(done_in.sum()), None
+    latency = finish - all_ok["arrival_s"].to_numpy()
+    if "deadline_s" in all_ok:
+        budget = all_ok["deadline_s"].to_numpy() - all_ok["arrival_s"].to_numpy()
+        met = latency <= budget * (1 + 1e-12)
+    else:
+        met = latency <= (window.slo_s if window.slo_s is not None else math.inf)
+    return int(done_in.sum()), int(np.sum(done_in & met))
+
+
+def class_summaries(requests: pd.DataFrame, window: Window) -> dict[str, dict[str, Any]]:
+    """Per request class: arrivals, ok, completions, throughput, goodput, error rate and
+    latency (as in the summary, over that class's requests).
+    """
+    lo, span = window.warmup_s, window.length_s
+    per_s = (1.0 / span) if span > 0 else math.nan
+    end_s = window.end_s if math.isfinite(window.end_s) else window.horizon_s
+    out: dict[str, dict[str, Any]] = {}
+    for name, group in requests.groupby("klass", sort=True):
+        if name == "":
+            continue
+        inwin = group[group["arrival_s"] >= lo]
+        status = inwin["status"].astype(str)
+        ok = inwin[status == "ok"]
+        pending = inwin[status == "in_flight"]
+        completions, good = completions_in_window(group, window)
+        errors = int(status.isin(list(ERROR_CAUSES)).sum())
+        latency = np.concatenate(((ok["finish_s"] - ok["arrival_s"]).to_numpy(),
+                                  end_s - pending["arrival_s"].to_numpy()))
+        out[str(name)] = {
+            "requests": len(inwin), "ok": len(ok), "completions": completions,
+            "throughput_rps": completions * per_s,
+            "goodput_rps": None if good is None else good * per_s,
+            "error_rate": errors / len(inwin) if len(inwin) else math.nan,
+            "error_rate_by_cause": {c: (int((status == c).sum()) / len(inwin) if len(inwin)
+                                        else math.nan) for c in ERROR_CAUSES},
+            "latency_ms": _stats_ms(latency, len(pending)),
+        }
+    return out

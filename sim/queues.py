@@ -15,6 +15,7 @@ import math
 from collections import deque
 from collections.abc import Iterator
 
+from calibration.errors import UserError
 from sim.records import RequestTable
 from sim.types import QUEUED, Request
 
@@ -187,7 +188,7 @@ def make_queue(discipline: str, table: RequestTable, index: int) -> RequestQueue
     try:
         cls = QUEUE_CLASSES[discipline]
     except KeyError:
-        raise ValueError(f"queue.discipline: unknown {discipline!r}; allowed: "
+        raise UserError(f"queue.discipline: unknown {discipline!r}; allowed: "
                          f"{', '.join(DISCIPLINES)}") from None
     return cls(table, index)
 

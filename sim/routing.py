@@ -13,6 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
+from calibration.errors import UserError
+
 ROUTINGS = ("shared", "round_robin", "random", "jsq", "p2c", "least_work")
 
 
@@ -136,6 +138,6 @@ def make_router(name: str, rng: np.random.Generator) -> Router | None:
     try:
         builder = builders[name]
     except KeyError:
-        raise ValueError(f"routing: unknown {name!r}; allowed: {', '.join(ROUTINGS)}") from None
+        raise UserError(f"routing: unknown {name!r}; allowed: {', '.join(ROUTINGS)}") from None
     router: Router | None = builder()
     return router

@@ -18,6 +18,7 @@ from sim.build import (
     build_router,
     build_service,
     build_workload,
+    draw_classes,
     horizon_s,
     max_batch_size,
     scenario_capacity_rps,
@@ -28,7 +29,7 @@ from sim.engine import SimPyDriver
 from sim.metrics import Window, summarize
 from sim.records import RequestTable
 from sim.rundir import run_meta, write_run_dir
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import Scenario, ScenarioError, load_scenario
 from sim.service import ServiceModel
 from sim.workloads import ClosedLoop
 
@@ -71,14 +72,34 @@ def build_core(scenario: Scenario, streams: Streams,
                               workload.size, workload.duration_s, workload.n_requests, slo_s)
     else:
         sched = workload.schedule(streams.arrivals)
-        deadline = sched.arrival_s + slo_s if slo_s is not None else None
-        table = RequestTable(sched.arrival_s, sched.size, sched.priority, deadline, sched.klass)
+        classes = draw_classes(scenario, sched.arrival_s.size, streams.classes)
+        if classes is not None:
+            table = RequestTable(sched.arrival_s, sched.size, classes.priority,
+                                 sched.arrival_s + classes.slo_s, classes.name)
+        else:
+            deadline = sched.arrival_s + slo_s if slo_s is not None else None
+            table = RequestTable(sched.arrival_s, sched.size, sched.priority, deadline,
+                                 sched.klass)
+        check_warmup(scenario, sched.arrival_s)
         source = ScheduleSource(table)
     policies = [build_policy(scenario, estimate_s) for _ in range(scenario.replicas)]
     timeout_s = None if scenario.queue.timeout_ms is None else scenario.queue.timeout_ms / 1e3
     return ServingCore(table, source, policies, router=build_router(scenario, streams.routing),
                        discipline=scenario.queue.discipline, max_len=scenario.queue.max_len,
                        timeout_s=timeout_s, estimate_s=estimate_s)
+
+
+def check_warmup(scenario: Scenario, arrival_s: np.ndarray) -> None:
+    """Refuse a warm-up that leaves no arrival to measure (``n_requests`` workloads; the
+    ``duration_s`` case is refused when the scenario is validated).
+
+    Raises:
+        ScenarioError: naming ``warmup_s`` and the last arrival.
+    """
+    if arrival_s.size and scenario.warmup_s > 0 and arrival_s[-1] < scenario.warmup_s:
+        raise ScenarioError(f"warmup_s: {scenario.warmup_s:g} s is past the last arrival "
+                            f"({arrival_s[-1]:.3g} s): nothing would be measured; shorten "
+                            "warmup_s or send more requests")
 
 
 def planned_horizon_s(scenario: Scenario, core: ServingCore) -> float:
@@ -119,6 +140,8 @@ def window_for(scenario: Scenario, requests: pd.DataFrame, service: ServiceModel
         capacity_rps=scenario_capacity_rps(scenario, service, mean_size),
         closed_loop=scenario.workload.kind == "closed",
         bounded=sheds_load(scenario),
+        has_deadlines=bool(scenario.classes and any(c.slo_ms is not None
+                                                    for c in scenario.classes)),
     )
 
 

@@ -17,10 +17,12 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from calibration.errors import UserError
+
 BUILTIN_PREFIX = "builtin:"
 
 
-class ScenarioError(ValueError):
+class ScenarioError(UserError):
     """A scenario is invalid; the message names each bad field and what is allowed."""
 
 
@@ -241,6 +243,15 @@ class ModelCfg(_Strict):
     threads: int | None = Field(None, ge=1)
 
 
+class RequestClassCfg(_Strict):
+    """A request class: its share of the arrivals, its priority level and its own SLO."""
+
+    name: str = Field(min_length=1)
+    share: float = Field(gt=0, le=1)
+    priority: int = Field(0, ge=0, le=127)
+    slo_ms: float | None = Field(None, gt=0)
+
+
 class Scenario(_Strict):
     """One experiment: where service times come from, arrivals, policy, queue, replicas."""
 
@@ -256,18 +267,40 @@ class Scenario(_Strict):
     slo_ms: float | None = Field(None, gt=0)
     price_per_replica_hour: float = Field(0.0, ge=0)
     model: ModelCfg | None = None
+    classes: list[RequestClassCfg] | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Scenario:
-        if self.policy.kind == "slo" and self.slo_ms is None:
+        has_deadlines = self.slo_ms is not None or bool(
+            self.classes and all(c.slo_ms is not None for c in self.classes))
+        if self.policy.kind == "slo" and not has_deadlines:
             raise ValueError("slo_ms: policy.kind 'slo' needs slo_ms (the request deadline)")
-        if self.queue.discipline == "edf" and self.slo_ms is None:
-            raise ValueError("slo_ms: queue.discipline 'edf' needs slo_ms (deadlines)")
+        if self.queue.discipline == "edf" and not has_deadlines:
+            raise ValueError("slo_ms: queue.discipline 'edf' needs slo_ms (deadlines), or an "
+                             "slo_ms on every class")
+        if self.classes is not None:
+            self._check_classes(self.classes)
         duration_s = getattr(self.workload, "duration_s", None)
         if duration_s is not None and self.warmup_s >= duration_s:
             raise ValueError(f"warmup_s: {self.warmup_s:g} s leaves nothing to measure of "
                              f"workload.duration_s {duration_s:g} s; it must be shorter")
         return self
+
+    def _check_classes(self, classes: list[RequestClassCfg]) -> None:
+        if not classes:
+            raise ValueError("classes: give at least one class, or leave classes out")
+        names = [c.name for c in classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"classes: names must be unique, got {names}")
+        total = sum(c.share for c in classes)
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"classes: the shares must sum to 1, got {total:g}")
+        if self.workload.kind == "closed":
+            raise ValueError("classes: not available for workload.kind 'closed' (the clients "
+                             "send one kind of request); use an open-loop workload")
+        if getattr(self.workload, "priority_mix", None) is not None:
+            raise ValueError("classes: give either classes (with their priorities) or "
+                             "workload.priority_mix, not both")
 
     def to_yaml(self) -> str:
         """The resolved scenario as YAML."""

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
+from calibration.errors import UserError
 from calibration.profile import LatencyProfile
 
 _BLOCK = 8192
@@ -64,7 +65,7 @@ def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
     ok = value >= 0 if allow_zero else value > 0
     if not (ok and math.isfinite(value)):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"service.{name}: must be {bound}, got {value!r}")
+        raise UserError(f"service.{name}: must be {bound}, got {value!r}")
     return float(value)
 
 
@@ -146,7 +147,7 @@ class LinearService:
         self.base_s = _positive("base_ms", base_ms, allow_zero=True) / 1e3
         self.per_item_s = _positive("per_item_ms", per_item_ms, allow_zero=True) / 1e3
         if self.base_s + self.per_item_s <= 0:
-            raise ValueError("service.base_ms: base_ms + per_item_ms must be > 0")
+            raise UserError("service.base_ms: base_ms + per_item_ms must be > 0")
         self.cv = _positive("cv", cv, allow_zero=True)
         self.deterministic = deterministic or self.cv == 0.0
         gen = rng if rng is not None else np.random.default_rng(0)

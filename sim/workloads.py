@@ -16,10 +16,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calibration.errors import UserError
+
 _CHUNK = 65536
 
 
-class WorkloadError(ValueError):
+class WorkloadError(UserError):
     """A workload parameter or input file is invalid."""
 
 

@@ -121,10 +121,19 @@ def test_dynamic_preferred_sizes() -> None:
     policy = DynamicBatching(max_batch_size=8, max_wait_ms=1, preferred_batch_sizes=[2, 4])
     fq = FakeQueue([0.0] * 3 + [0.01] * 5)
     log = replay(policy, fq, [0.0, 0.001, 0.001, 0.01, 0.01])
-    # at 1 ms the wait is used up: the largest preferred size that fits (2) goes, then the
-    # leftover request (also out of wait) goes alone; 5 waiting >= 4 sends a preferred 4 at once
-    assert [d.dispatch for _, d in log] == [(), (0, 1), (2,), (3, 4, 5, 6), ()]
+    # Triton: as soon as any preferred size can be formed, the largest one that can goes at
+    # once (3 waiting -> 2 at t=0); the leftover goes alone when its wait is used up; 5
+    # waiting -> a preferred 4 at once
+    assert [d.dispatch for _, d in log] == [(0, 1), (2,), (), (3, 4, 5, 6), ()]
     assert log[4][1].wake_at_s == pytest.approx(0.011)
+
+
+def test_dynamic_preferred_sizes_as_in_tritons_docs() -> None:
+    # preferred [4, 8] with 7 waiting: a batch of 4 can be formed, so 4 go at once
+    policy = DynamicBatching(max_batch_size=8, max_wait_ms=100, preferred_batch_sizes=[4, 8])
+    fq = FakeQueue([0.0] * 7)
+    fq.arrive_until(0.0)
+    assert policy.decide(0.0, fq.queue.view, FREE).dispatch == (0, 1, 2, 3)
 
 
 def test_aimd_grows_on_full_fast_batches_and_backs_off_on_slow_ones() -> None:
