@@ -134,7 +134,7 @@ def test_capacity_reports_failed_runs_instead_of_a_missed_slo() -> None:
     scn = {"seed": 1, "service": {"kind": "profile", "path": "builtin:mlp-cpu"},
            "workload": {"kind": "poisson", "rate_rps": 200, "duration_s": 5},
            "policy": {"kind": "greedy", "max_batch_size": 500}}
-    with pytest.raises(ExperimentError, match="failed .not an SLO miss.*outside the measured"):
+    with pytest.raises(ExperimentError, match=r"failed .not an SLO miss.*outside the measured"):
         capacity(scn, {"p99_ms": 1e6}, seeds=1, workers=1)
 
 
