@@ -141,6 +141,20 @@ def in_system_mean(requests: pd.DataFrame, lo_s: float, hi_s: float, end_s: floa
     return float(np.sum(np.clip(overlap, 0.0, None)) / (hi_s - lo_s))
 
 
+def _stop_s(window: Window) -> float:
+    """When the run stopped (the horizon when it drained everything)."""
+    return window.end_s if math.isfinite(window.end_s) else window.horizon_s
+
+
+def latency_with_censored_s(ok: pd.DataFrame, pending: pd.DataFrame,
+                            stop_s: float) -> np.ndarray:
+    """Latencies (s) of ``ok`` requests, then of the ``pending`` (censored) ones with the
+    stop time as their finish (lower bounds).
+    """
+    return np.concatenate(((ok["finish_s"] - ok["arrival_s"]).to_numpy(),
+                           stop_s - pending["arrival_s"].to_numpy()))
+
+
 def ok_latency_s(requests: pd.DataFrame, warmup_s: float) -> np.ndarray:
     """Latency (s) of the ok requests that arrived in the measurement window (after
     ``warmup_s``), in request order.
@@ -166,8 +180,8 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
     # censored: arrived in the window, still queued or running when the run stopped
     pending = inwin[status == "in_flight"]
     censored = len(pending)
-    end_s = window.end_s if math.isfinite(window.end_s) else hi
-    lat_all_in = np.concatenate((latency, end_s - pending["arrival_s"].to_numpy()))
+    end_s = _stop_s(window)
+    lat_all_in = latency_with_censored_s(ok, pending, end_s)
     started = pending["start_s"].to_numpy(dtype=float, na_value=np.nan)
     wait_pending = np.where(np.isnan(started), end_s, started) - pending["arrival_s"].to_numpy()
     wait = np.concatenate(((ok["start_s"] - ok["arrival_s"]).to_numpy(), wait_pending))
@@ -248,7 +262,7 @@ def class_summaries(requests: pd.DataFrame, window: Window) -> dict[str, dict[st
     """
     lo, span = window.warmup_s, window.length_s
     per_s = (1.0 / span) if span > 0 else math.nan
-    end_s = window.end_s if math.isfinite(window.end_s) else window.horizon_s
+    end_s = _stop_s(window)
     out: dict[str, dict[str, Any]] = {}
     for name, group in requests.groupby("klass", sort=True):
         if name == "":
@@ -259,8 +273,7 @@ def class_summaries(requests: pd.DataFrame, window: Window) -> dict[str, dict[st
         pending = inwin[status == "in_flight"]
         completions, good = completions_in_window(group, window)
         errors = int(status.isin(list(ERROR_CAUSES)).sum())
-        latency = np.concatenate(((ok["finish_s"] - ok["arrival_s"]).to_numpy(),
-                                  end_s - pending["arrival_s"].to_numpy()))
+        latency = latency_with_censored_s(ok, pending, end_s)
         out[str(name)] = {
             "requests": len(inwin), "ok": len(ok), "completions": completions,
             "throughput_rps": completions * per_s,
