@@ -165,8 +165,10 @@ class Dispatcher:
         routed = queue.routed
         bid = len(self.batches.start_s)
         items = 0
+        n_rows = table.n
         for rid in ids:
-            if status[rid] != QUEUED or (routed and where[rid] != queue.index):
+            if not 0 <= rid < n_rows or status[rid] != QUEUED or (
+                    routed and where[rid] != queue.index):
                 self._check_queued(policy, queue, rid)
                 raise PolicyError(f"{policy!r} dispatched request {rid} twice in {ids}")
             status[rid] = RUNNING

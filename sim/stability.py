@@ -3,10 +3,13 @@
 A run whose queue grows without bound has no steady-state latency: its percentiles only say
 how long the run lasted. Every summary therefore carries a verdict:
 
-* ``unstable``: the queue grew significantly over the window (least-squares slope of the
-  queue length more than :data:`T_CRIT` standard errors above zero, and the growth over the
-  window larger than the queue's mean), or the offered load exceeds the capacity while
-  nothing bounds the queue (no ``max_len``, no ``timeout_ms``, no dropping policy);
+* ``unstable``: the offered load exceeds the capacity while nothing bounds the queue (no
+  ``max_len``, no ``timeout_ms``, no dropping policy), or the queue grew significantly over
+  the window (least-squares slope of the queue length more than :data:`T_CRIT` standard
+  errors above zero, and the growth over the window larger than the queue's mean) while the
+  offered load is not known to be below :data:`SATURATED_RHO` of the capacity. Below that a
+  queue cannot grow without bound: a rise within a short window is a transient (a burst), and
+  the verdict stays ``stable`` with the rise named in its reason;
 * ``saturated``: not growing, but at the limit: the offered load is at least
   :data:`SATURATED_RHO` of the capacity, or the device is busy at least that share of the
   time, or a bounded queue sheds the excess; a closed loop is at most ``saturated`` (its
@@ -138,6 +141,9 @@ def verdict(*, offered_rps: float, capacity: float, utilization: float, trend: T
     significant = (math.isfinite(slope) and slope > 0
                    and (se == 0 or slope > T_CRIT * se)
                    and growth > max(1.0, trend.mean))
+    transient = significant and math.isfinite(rho) and rho < SATURATED_RHO
+    if transient:  # positive recurrent below capacity: the rise is a burst, not a trend
+        significant = False
     if closed_loop:
         state, reason = "stable", "closed loop: the clients bound the queue"
         if utilization >= SATURATED_RHO:
@@ -161,6 +167,9 @@ def verdict(*, offered_rps: float, capacity: float, utilization: float, trend: T
                   + (f", queue grew by {growth:.0f}" if significant else ""))
     else:
         state, reason = "stable", f"offered/capacity {rho:.2f}"
+        if transient:
+            reason += (f"; the queue rose by {growth:.0f} requests within the window, a "
+                       "transient at this load (a longer run averages it out)")
     return {"verdict": state, "offered_rps": offered_rps, "capacity_rps": capacity,
             "rho_offered": rho, "queue_trend_per_s": slope, "queue_trend_se_per_s": se,
             "reason": reason}

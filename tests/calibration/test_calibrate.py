@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -14,41 +11,11 @@ import sim
 from calibration.fit import fit_curve, predict_ms
 from calibration.measure import CalibrationError, calibrate, parse_batch_sizes
 from calibration.profile import load_profile
-from calibration.runners import InfeasibleBatch, RunnerError, build_runner
+from calibration.runners import RunnerError, build_runner
 from servelab.cli import app
 
-torch = pytest.importorskip("torch")
-
-
-class FakeRunner:
-    """Sleeps nothing; records the sizes it was asked to run; fails above a size."""
-
-    name = "fake"
-    device = "cpu"
-
-    def __init__(self, oom_at: int | None = None, interrupt_after: int | None = None) -> None:
-        self.oom_at, self.interrupt_after = oom_at, interrupt_after
-        self.calls: list[int] = []
-
-    def payloads(self, n: int, rng: np.random.Generator) -> list[Any]:
-        return [0] * n
-
-    def run_batch(self, payloads: Sequence[Any]) -> Any:
-        n = len(payloads)
-        if self.oom_at is not None and n >= self.oom_at:
-            raise InfeasibleBatch(f"CUDA out of memory at {n}")
-        self.calls.append(n)
-        if self.interrupt_after is not None and len(self.calls) > self.interrupt_after:
-            raise KeyboardInterrupt
-        return None
-
-    def describe(self) -> dict[str, Any]:
-        return {"model": {"name": "fake"}, "device": {"kind": "cpu", "name": "cpu"},
-                "dtype": "fp32", "threads": 1}
-
-
-def test_shuffled_order_warmup_and_rep_counts() -> None:
-    runner = FakeRunner()
+def test_shuffled_order_warmup_and_rep_counts(fake_runner) -> None:
+    runner = fake_runner()
     result = calibrate(runner, [1, 2, 4], reps=5, warmup=2, seed=1)
     assert result.profile is not None
     assert {b: len(s) for b, s in result.profile.samples_s.items()} == {1: 5, 2: 5, 4: 5}
@@ -59,16 +26,16 @@ def test_shuffled_order_warmup_and_rep_counts() -> None:
     assert result.profile.meta["method"]["order"] == "shuffled"
 
 
-def test_out_of_memory_marks_the_size_and_larger_infeasible_and_continues() -> None:
-    result = calibrate(FakeRunner(oom_at=4), [1, 2, 4, 8], reps=3, warmup=1)
+def test_out_of_memory_marks_the_size_and_larger_infeasible_and_continues(fake_runner) -> None:
+    result = calibrate(fake_runner(oom_at=4), [1, 2, 4, 8], reps=3, warmup=1)
     assert result.profile is not None and result.profile.batch_sizes == [1, 2]
     assert set(result.infeasible) == {4, 8}
     assert "out of memory" in result.infeasible[4]
     assert result.profile.meta["infeasible_batch_sizes"]["8"] == "larger than 4"
 
 
-def test_ctrl_c_keeps_what_was_measured() -> None:
-    result = calibrate(FakeRunner(interrupt_after=3 + 7), [1, 2, 4], reps=10, warmup=1)
+def test_ctrl_c_keeps_what_was_measured(fake_runner) -> None:
+    result = calibrate(fake_runner(interrupt_after=3 + 7), [1, 2, 4], reps=10, warmup=1)
     assert result.interrupted and result.profile is not None
     assert sum(len(s) for s in result.profile.samples_s.values()) == 7
     assert result.profile.meta["interrupted"] is True
@@ -100,7 +67,7 @@ def test_fit_linear_and_bent() -> None:
     assert bent["kind"] == "piecewise" and bent["breakpoint"] == 5.0
 
 
-def test_real_mlp_calibration_round_trips_and_drives_the_simulator(tmp_path) -> None:
+def test_real_mlp_calibration_round_trips_and_drives_the_simulator(tmp_path, torch) -> None:
     runner = build_runner("mlp", device="cpu", threads=1,
                           params={"width": 64, "depth": 2, "in_features": 32})
     result = calibrate(runner, [1, 2, 4, 8], reps=4, warmup=1)
@@ -123,7 +90,7 @@ def test_real_mlp_calibration_round_trips_and_drives_the_simulator(tmp_path) -> 
     assert exact and np.mean(exact) > 0.99
 
 
-def test_runner_outputs_are_real_model_outputs() -> None:
+def test_runner_outputs_are_real_model_outputs(torch) -> None:
     rng = np.random.default_rng(0)
     mlp = build_runner("mlp", device="cpu", params={"width": 16, "depth": 1, "in_features": 8,
                                                     "out_features": 3})
@@ -132,7 +99,7 @@ def test_runner_outputs_are_real_model_outputs() -> None:
     assert tuple(cnn.run_batch(cnn.payloads(2, rng)).shape) == (2, 7)
 
 
-def test_minilm_embeds_real_sentences_offline() -> None:
+def test_minilm_embeds_real_sentences_offline(torch) -> None:
     runner = build_runner("minilm", device="cpu")
     emb = runner.run_batch(["A cat sits on the mat.", "A kitten rests on a rug.",
                             "Quarterly revenue rose by four percent."])
@@ -152,7 +119,7 @@ def test_minilm_embeds_real_sentences_offline() -> None:
     ({"model": "no_such_module:make"}, "cannot import"),
     ({"model": "json:dumps"}, "lacks"),
 ])
-def test_runner_errors_name_the_option(kwargs, text) -> None:
+def test_runner_errors_name_the_option(kwargs, text, torch) -> None:
     model = kwargs.pop("model")
     if model == "json:dumps":
         with pytest.raises((RunnerError, TypeError)):
@@ -162,21 +129,21 @@ def test_runner_errors_name_the_option(kwargs, text) -> None:
         build_runner(model, **kwargs)
 
 
-def test_cuda_device_is_refused_without_a_gpu() -> None:
+def test_cuda_device_is_refused_without_a_gpu(torch) -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.raises(RunnerError, match="no CUDA device"):
         build_runner("mlp", device="cuda")
 
 
-def test_bring_your_own_runner_example() -> None:
+def test_bring_your_own_runner_example(torch) -> None:
     runner = build_runner("examples.custom_runner:make_runner", device="cpu",
                           params={"hidden": 16, "max_len": 8})
     result = calibrate(runner, [1, 2], reps=2, warmup=1)
     assert result.profile is not None and result.profile.model["name"] == "tiny-gru"
 
 
-def test_cli_calibrate_show_and_compare(tmp_path) -> None:
+def test_cli_calibrate_show_and_compare(tmp_path, torch) -> None:
     out = tmp_path / "p" / "mlp.json"
     args = ["calibrate", "--model", "mlp", "--device", "cpu", "--threads", "1",
             "--batch-sizes", "1,2,4", "--reps", "3", "--warmup", "1",
@@ -195,7 +162,7 @@ def test_cli_calibrate_show_and_compare(tmp_path) -> None:
     assert compared.exit_code == 0 and "B / A" in compared.output and cmp_html.exists()
 
 
-def test_cli_calibrate_bad_options_are_one_line() -> None:
+def test_cli_calibrate_bad_options_are_one_line(torch) -> None:
     for args, text in [(["--model", "gpt9"], "--model"), (["--batch-sizes", "x"], "batch-sizes"),
                        (["--model", "mlp", "--device", "cpu", "--reps", "0"], "--reps"),
                        (["--model", "mlp", "--param", "width"], "KEY=VALUE")]:
@@ -204,7 +171,7 @@ def test_cli_calibrate_bad_options_are_one_line() -> None:
 
 
 @pytest.mark.gpu
-def test_cuda_timing_path_synchronises() -> None:
+def test_cuda_timing_path_synchronises(torch) -> None:
     runner = build_runner("mlp", device="cuda", dtype="fp16", params={"width": 256})
     result = calibrate(runner, [1, 64], reps=5, warmup=2)
     assert result.profile is not None

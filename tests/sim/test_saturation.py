@@ -138,3 +138,29 @@ def test_compare_refuses_an_overloaded_scenario_quickly(tmp_path: Path) -> None:
     err = " ".join(proc.stderr.split())
     assert "unstable" in err and "--force" in err and "Traceback" not in err
     assert not (tmp_path / "cmp" / "live-1").exists()
+
+
+def test_a_burst_in_a_short_run_below_capacity_is_not_called_unstable() -> None:
+    # M/M/1 at rho 0.8 over an 8 s window: a burst makes the queue's OLS trend "significant"
+    # in about 1 run in 40 (seed 29 here); below capacity it cannot grow without bound
+    verdicts = [sim.run({"seed": seed, "service": {"kind": "exponential", "mean_ms": 10},
+                         "workload": {"kind": "poisson", "rate_rps": 80, "duration_s": 10},
+                         "policy": {"kind": "none"}, "warmup_s": 2}).summary["stability"]
+                for seed in range(40)]
+    assert {v["verdict"] for v in verdicts} == {"stable"}
+    assert any("transient" in v["reason"] for v in verdicts)
+
+
+def test_a_growing_queue_is_unstable_when_the_capacity_is_unknown() -> None:
+    from sim.stability import Trend, verdict
+
+    growing = Trend(slope_per_s=5.0, se_per_s=0.5, mean=20.0)
+    unknown = verdict(offered_rps=50, capacity=float("nan"), utilization=0.9, trend=growing,
+                      window_s=60, closed_loop=False, bounded=False)
+    assert unknown["verdict"] == "unstable" and "grew by 300" in unknown["reason"]
+    below = verdict(offered_rps=50, capacity=100, utilization=0.5, trend=growing,
+                    window_s=60, closed_loop=False, bounded=False)
+    assert below["verdict"] == "stable" and "transient" in below["reason"]
+    near = verdict(offered_rps=97, capacity=100, utilization=0.97, trend=growing,
+                   window_s=60, closed_loop=False, bounded=False)
+    assert near["verdict"] == "unstable"

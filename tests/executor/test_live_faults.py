@@ -1,0 +1,277 @@
+"""The live executor's fault paths, Ctrl-C through the real signal, and the live cases that the
+parity test does not cover (several replicas, closed loop, queue bounds and timeouts).
+
+Every live run here is guarded by a thread join with a timeout: a hang fails the test instead
+of the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+import sim
+from executor.run import live
+from executor.testing import SleepRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BASE: dict[str, Any] = {
+    "seed": 3,
+    "service": {"kind": "linear", "base_ms": 3, "per_item_ms": 1, "deterministic": True},
+    "workload": {"kind": "constant", "rate_rps": 100, "n_requests": 30},
+    "policy": {"kind": "greedy", "max_batch_size": 4},
+    "model": {"name": "sleep"},
+}
+
+
+def linear_s(n: int) -> float:
+    return 0.003 + 0.001 * n
+
+
+def run_guarded(cfg: dict[str, Any], runners: list[Any], timeout_s: float = 30.0,
+                **kwargs: Any) -> sim.Result:
+    """``live(...)`` on a thread; fail (instead of hanging the suite) if it does not return."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = live(cfg, runners=runners, **kwargs)
+        except BaseException as exc:  # re-raised in the test's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), f"the live run hung for more than {timeout_s} s"
+    if "error" in box:
+        raise box["error"]
+    result: sim.Result = box["result"]
+    return result
+
+
+class PayloadFailure(SleepRunner):
+    """``payloads()`` raises for the given call numbers."""
+
+    def __init__(self, fail_on_call: set[int]) -> None:
+        super().__init__(linear_s)
+        self.fail_on_call = fail_on_call
+        self.payload_calls = 0
+
+    def payloads(self, n: int, rng: np.random.Generator) -> list[Any]:
+        index = self.payload_calls
+        self.payload_calls += 1
+        if index in self.fail_on_call:
+            raise ValueError("tokenizer exploded")
+        return [None] * n
+
+
+class PrepareFailure(SleepRunner):
+    def prepare_thread(self) -> None:
+        raise RuntimeError("CUDA out of memory")
+
+
+class DescribeFailure(SleepRunner):
+    def describe(self) -> dict[str, Any]:
+        raise KeyError("device")
+
+
+def test_a_payloads_failure_fails_that_batch_only() -> None:
+    result = run_guarded(BASE, [PayloadFailure({1})])
+    req = result.requests
+    failed = req[req["status"] == "failed"]
+    assert failed["batch_id"].nunique() == 1
+    assert set(failed["reason"]) == {"payloads: ValueError: tokenizer exploded"}
+    assert (req["status"].isin(["ok", "failed"])).all()
+    assert result.summary["ok"] == len(req) - len(failed) > 0
+    assert result.meta["fatal_error"] is None
+
+
+def test_a_worker_that_cannot_start_stops_the_run_with_its_reason() -> None:
+    cfg = {**BASE, "workload": {"kind": "constant", "rate_rps": 100, "duration_s": 20}}
+    t0 = time.perf_counter()
+    result = run_guarded(cfg, [PrepareFailure(linear_s)])
+    assert time.perf_counter() - t0 < 5  # not the 20 s schedule, and no hang
+    assert result.meta["fatal_error"].startswith(
+        "replica 0: replica could not start (prepare_thread/stream): RuntimeError: CUDA out")
+    assert result.meta["stopped_early"] is True
+    counts = result.meta["status_counts"]
+    assert sum(counts.values()) == len(result.requests) < 100
+    assert counts.get("ok", 0) == 0
+
+
+def test_the_cli_exits_1_after_writing_what_a_fatal_run_recorded(tmp_path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(BASE))
+    out = tmp_path / "run"
+    code = textwrap.dedent(f"""
+        import sys, executor.run, servelab.cli
+        from executor.testing import SleepRunner
+        class Broken(SleepRunner):
+            def prepare_thread(self): raise RuntimeError("no device")
+        executor.run.default_runners = lambda scn: [Broken(lambda n: 0.001)]
+        sys.argv = ["servelab", "live", {str(scenario)!r}, "--out", {str(out)!r}, "--force"]
+        servelab.cli.main()
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the live run stopped: replica 0" in proc.stderr and "Traceback" not in proc.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert "no device" in meta["fatal_error"]
+    assert (out / "requests.parquet").exists()
+
+
+def test_describe_raising_after_the_run_keeps_the_results() -> None:
+    result = run_guarded(BASE, [DescribeFailure(linear_s)])
+    assert result.summary["ok"] == 30
+    assert result.meta["describe_error"] == "describe() failed: KeyError: 'device'"
+
+
+SIGINT_SCRIPT = """
+import json, sys
+from executor.run import live
+from executor.testing import SleepRunner
+cfg = {"seed": 4, "service": {"kind": "constant", "ms": 8, "deterministic": True},
+       "workload": {"kind": "constant", "rate_rps": 400, "duration_s": 20},
+       "policy": {"kind": "greedy", "max_batch_size": 2}, "queue": {"timeout_ms": 150},
+       "warmup_s": 0.1, "model": {"name": "sleep"}}
+print("ready", flush=True)
+r = live(cfg, runners=[SleepRunner(lambda n: 0.008)], handle_sigint=True,
+         stop_mode=sys.argv[1], drain_timeout_s=5.0)
+req = r.requests
+print(json.dumps({"meta": {k: r.meta[k] for k in ("stopped_early", "stopped_s", "end_s")},
+                  "window_s": r.summary["window_s"], "requests": len(req),
+                  "last_arrival_s": float(req["arrival_s"].max()),
+                  "status": req["status"].value_counts().to_dict(),
+                  "timed_out_after_stop": int(((req["status"] == "timed_out")
+                                               & (req["finish_s"] > r.meta["stopped_s"])).sum()),
+                  "completions": r.summary["completions"],
+                  "throughput_rps": r.summary["throughput_rps"]}), flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("mode", ["drain", "abandon"])
+def test_ctrl_c_through_the_real_signal_stops_at_the_stop_time(mode: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", SIGINT_SCRIPT, mode], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(1.0)  # imports are done; the run has started within milliseconds of "ready"
+    os.kill(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    data = json.loads(stdout.strip().splitlines()[-1])
+    stop_s = data["meta"]["stopped_s"]
+    assert data["meta"]["stopped_early"] is True and 0.5 < stop_s < 3.0
+    # arrivals due by the stop were admitted (400 req/s, one every 2.5 ms), none after it
+    assert data["last_arrival_s"] <= stop_s
+    assert data["requests"] == pytest.approx(stop_s * 400, abs=3)
+    # the window ends at the stop: throughput counts completions up to then
+    assert data["window_s"] == pytest.approx(stop_s - 0.1, abs=1e-9)
+    assert data["throughput_rps"] == pytest.approx(data["completions"] / data["window_s"])
+    # capacity 250 req/s (pairs in 8 ms) against 400 offered: a queue at the stop
+    if mode == "drain":
+        assert data["status"].get("in_flight", 0) == 0
+        assert data["timed_out_after_stop"] > 0  # queued requests kept expiring
+        assert data["meta"]["end_s"] - stop_s < 0.5  # 150 ms timeout bounds the drain
+    else:
+        assert data["status"].get("in_flight", 0) > 0
+        assert data["meta"]["end_s"] - stop_s < 0.1
+
+
+CHECK_SCRIPT = """
+import sys, executor.run, executor.compare, servelab.cli
+import sim.core, sim.invariants
+from sim.policies.simple import NoBatching
+from sim.types import Decision
+from executor.testing import SleepRunner
+runners = lambda scn: [SleepRunner(lambda n: 0.001) for _ in range(scn.replicas)]
+executor.run.default_runners = executor.compare.default_runners = runners
+if sys.argv[1] == "policy":
+    NoBatching.decide = lambda self, now, queue, replica: Decision(dispatch=(10**9,))
+else:
+    def broken(*args, **kwargs):
+        raise sim.invariants.InvariantError("status counts do not add up (injected)")
+    sim.core.check_invariants = broken
+sys.argv = ["servelab", *sys.argv[2:]]
+servelab.cli.main()
+"""
+
+
+@pytest.mark.parametrize("error", ["policy", "invariant"])
+@pytest.mark.parametrize("command", ["simulate", "live", "compare"])
+def test_policy_and_invariant_errors_exit_3_in_one_line_from_every_driver(
+        command: str, error: str, tmp_path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({**BASE, "policy": {"kind": "none"}}))
+    args = {"simulate": ["simulate", str(scenario)],
+            "live": ["live", str(scenario), "--force"],
+            "compare": ["compare", str(scenario), "--out", str(tmp_path / "cmp"),
+                        "--repeats", "1", "--probe", "off"]}[command]
+    proc = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, error, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: internal check failed"), proc.stderr
+    assert ("not waiting" if error == "policy" else "injected") in lines[0]
+
+
+def test_several_replicas_live_dispatch_like_the_simulator() -> None:
+    cfg = {**BASE, "replicas": 2, "routing": "round_robin",
+           "workload": {"kind": "constant", "rate_rps": 400, "n_requests": 60}}
+    simulated = sim.run(cfg)
+    measured = run_guarded(cfg, [SleepRunner(linear_s), SleepRunner(linear_s)])
+    assert measured.summary["ok"] == 60
+    per_replica = measured.batches.groupby("replica")["size"].sum().to_dict()
+    assert per_replica == simulated.batches.groupby("replica")["size"].sum().to_dict()
+    lat_sim = simulated.requests.sort_values("id")
+    lat_live = measured.requests.sort_values("id")
+    diff = ((lat_live["finish_s"] - lat_live["arrival_s"]).to_numpy()
+            - (lat_sim["finish_s"] - lat_sim["arrival_s"]).to_numpy())
+    assert np.median(diff) < 0.003 and diff.min() > -1e-3
+
+
+def test_a_closed_loop_runs_live_with_each_client_waiting_for_its_answer() -> None:
+    cfg = {**BASE, "workload": {"kind": "closed", "clients": 4, "think_ms": 5,
+                                "duration_s": 1.0}}
+    result = run_guarded(cfg, [SleepRunner(linear_s)])
+    req = result.requests.sort_values("arrival_s")
+    assert result.summary["ok"] == len(req) > 50
+    # a client sends again only after its previous request finished (plus thinking)
+    for _, mine in req.groupby("client"):
+        mine = mine.sort_values("arrival_s")
+        assert (mine["arrival_s"].to_numpy()[1:]
+                >= mine["finish_s"].to_numpy()[:-1] - 1e-9).all()
+    assert result.summary["stability"]["verdict"] != "unstable"
+    # never more than 4 requests in the system
+    assert result.requests["batch_id"].groupby(result.requests["batch_id"]).size().max() <= 4
+
+
+def test_queue_bounds_and_timeouts_shed_load_live_as_in_the_simulator() -> None:
+    cfg = {**BASE, "service": {"kind": "constant", "ms": 10, "deterministic": True},
+           "policy": {"kind": "none"}, "queue": {"max_len": 5, "timeout_ms": 40},
+           "workload": {"kind": "constant", "rate_rps": 300, "n_requests": 150}}
+    simulated = sim.run(cfg)
+    measured = run_guarded(cfg, [SleepRunner(lambda n: 0.010)])
+    for name in ("rejected", "timed_out", "ok"):
+        assert measured.summary[name] > 0
+        # 3.3 ms between arrivals against 10 ms per request: a shift of a few hundred
+        # microseconds in live timing moves at most a few requests between the outcomes
+        assert measured.summary[name] == pytest.approx(simulated.summary[name], abs=6), name
+    reasons = set(measured.requests.loc[measured.requests["status"] != "ok", "reason"])
+    assert reasons == {"queue_full", "queue_timeout"}
+    assert measured.summary["stability"]["verdict"] == "saturated"
