@@ -51,10 +51,3 @@ def fit_curve(batch_sizes: Sequence[float], latency_s: Sequence[float]) -> dict[
                     "r2": 1 - best_sse / sst}
     return best
 
-
-def predict_ms(fit: dict[str, Any], batch_size: float) -> float:
-    """Evaluate a fit from :func:`fit_curve` at ``batch_size`` (ms)."""
-    if fit["kind"] == "linear":
-        return float(fit["a_ms"] + fit["b_ms_per_item"] * batch_size)
-    piece = fit["pieces"][0] if batch_size <= fit["breakpoint"] else fit["pieces"][1]
-    return float(piece["a_ms"] + piece["b_ms_per_item"] * batch_size)

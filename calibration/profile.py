@@ -106,13 +106,6 @@ class LatencyProfile:
             return float(np.interp(b, sizes, medians))
         return self._extrapolated_median_s(b)
 
-    def quantile_s(self, batch_size: float, q: float) -> float:
-        """The ``q`` quantile (0..1) of the service time at ``batch_size``, in seconds."""
-        if not 0.0 <= q <= 1.0:
-            raise ProfileError(f"quantile q={q} must lie in [0, 1]")
-        base, scale = self._nearest(batch_size)
-        return float(np.quantile(self.samples_s[base], q)) * scale
-
     def mean_s(self, batch_size: float) -> float:
         """Mean service time at ``batch_size`` in seconds (scaled from the nearest size)."""
         base, scale = self._nearest(batch_size)

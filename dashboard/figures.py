@@ -96,6 +96,31 @@ def latency_split(result: Result) -> go.Figure:
     return fig
 
 
+def class_table(summary: Mapping[str, Any],
+                classes: Sequence[Mapping[str, Any]] = ()) -> pd.DataFrame:
+    """One row per request class: its SLO and priority (from ``classes``), requests,
+    throughput, goodput, P50/P99 and error rate, so EDF and priorities can be seen to matter
+    (and starvation shows as a class whose P99 or error rate runs away).
+    """
+    config = {str(c.get("name")): c for c in classes}
+    rows = []
+    for name, cls in (summary.get("classes") or {}).items():
+        lat = cls.get("latency_ms") or {}
+        cfg = config.get(name, {})
+        goodput = cls.get("goodput_rps")
+        rows.append({
+            "class": name, "priority": cfg.get("priority", 0),
+            "SLO (ms)": cfg.get("slo_ms") if cfg.get("slo_ms") is not None else "—",
+            "requests": cls.get("requests"),
+            "throughput (req/s)": round(float(cls.get("throughput_rps", np.nan)), 2),
+            "goodput (req/s)": "no SLO set" if goodput is None else round(float(goodput), 2),
+            "P50 (ms)": round(float(lat.get("p50", np.nan)), 1),
+            "P99 (ms)": round(float(lat.get("p99", np.nan)), 1),
+            "error rate (%)": round(100 * float(cls.get("error_rate", np.nan)), 2),
+        })
+    return pd.DataFrame(rows)
+
+
 def knee_index(load: Sequence[float], p99: Sequence[float]) -> int | None:
     """Index of the knee: the first load whose P99 exceeds 3x the lowest load's P99."""
     values = list(p99)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from examples._common import quick_from_argv
-from sim.capacity import replicas_needed
+from sim.experiments.capacity import replicas_needed
 
 
 def main(quick: bool = False) -> dict[str, Any]:

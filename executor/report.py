@@ -12,13 +12,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from calibration.report import PALETTE
+from sim.metrics import ok_latency_s
 from sim.runner import Result
 
 
 def _cdf(result: Result) -> tuple[np.ndarray, np.ndarray]:
-    req = result.requests
-    ok = req[(req["status"] == "ok") & (req["arrival_s"] >= result.scenario.warmup_s)]
-    lat = np.sort((ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3)
+    lat = np.sort(ok_latency_s(result.requests, result.scenario.warmup_s) * 1e3)
     return lat, np.arange(1, lat.size + 1) / max(lat.size, 1)
 
 

@@ -24,14 +24,12 @@ from calibration.profile import LatencyProfile, load_profile
 from calibration.runners import ModelRunner, build_runner
 from sim.build import Streams, build_service
 from sim.rundir import run_meta
-from sim.runner import Result, build_core, planned_horizon_s, window_for
+from sim.runner import Result, build_core
 from sim.runner import run as sim_run
 from sim.scenario import Scenario, load_scenario
+from sim.window import planned_horizon_s, window_for
 
 LOG = logging.getLogger(__name__)
-
-RunnerFactory = Callable[[Scenario], Sequence[ModelRunner]]
-
 
 class LiveError(UserError):
     """The scenario cannot be run live as given (no model to run, mismatched settings)."""

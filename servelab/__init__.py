@@ -14,8 +14,8 @@ from sim import (
     load_scenario,
     run,
 )
-from sim.capacity import capacity, replicas_needed
 from sim.experiments import pareto, replicate, sweep
+from sim.experiments.capacity import capacity, replicas_needed
 
 __version__ = "0.1.0"
 

@@ -316,8 +316,8 @@ def sweep_cmd(
     Finished runs are appended to OUT/runs.jsonl as they complete: Ctrl-C keeps them and
     re-running with the same OUT skips them.
     """
-    from sim.experiment_report import write_sweep_report
     from sim.experiments import parse_grid, sweep
+    from sim.experiments.report import write_sweep_report
 
     try:
         base = sim_load(scenario, set_)
@@ -339,7 +339,7 @@ def sweep_cmd(
     failed = int((frame["error"] != "").sum())
     console.print(f"{len(frame)} runs ({failed} failed): {out / 'results.parquet'}, "
                   f"{out / 'report.html'}")
-    from sim.capacity import unstable_runs
+    from sim.experiments.capacity import unstable_runs
 
     unstable = unstable_runs(frame)
     if unstable:
@@ -374,7 +374,7 @@ def capacity_cmd(
     set_: Annotated[list[str] | None, typer.Option("--set")] = None,
 ) -> None:
     """The highest load at which SCENARIO holds the SLO (bracketing + bisection)."""
-    from sim.capacity import capacity
+    from sim.experiments.capacity import capacity
     from sim.rundir import write_json
 
     try:
@@ -403,7 +403,7 @@ def replicas_cmd(
     set_: Annotated[list[str] | None, typer.Option("--set")] = None,
 ) -> None:
     """The fewest replicas that hold the SLO at TARGET_RPS, with cost per million requests."""
-    from sim.capacity import replicas_needed
+    from sim.experiments.capacity import replicas_needed
 
     try:
         answer = replicas_needed(sim_load(scenario, set_), target_rps, slo, seeds=seeds)

@@ -185,9 +185,3 @@ def build_router(scenario: Scenario, rng: np.random.Generator) -> Router | None:
     return make_router(scenario.routing, rng)
 
 
-def horizon_s(scenario: Scenario, last_arrival_s: float) -> float:
-    """End of the measurement window: duration_s, else the last arrival."""
-    duration = getattr(scenario.workload, "duration_s", None)
-    if duration is not None and math.isfinite(duration):
-        return float(duration)
-    return float(last_arrival_s)

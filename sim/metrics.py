@@ -29,7 +29,6 @@ A run may go on after the horizon to drain its queue; ``end_s`` is when it stopp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,45 +36,9 @@ import pandas as pd
 
 from sim.stability import queue_trend, time_weighted_total, verdict
 from sim.types import ERROR_CAUSES
+from sim.window import Window
 
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
-
-
-@dataclass(frozen=True)
-class Window:
-    """What the summary needs to know besides the tables.
-
-    Attributes:
-        warmup_s: Start of the measurement window.
-        horizon_s: End of the measurement window.
-        replicas: Number of replicas.
-        max_batch_size: Largest batch the policy may form.
-        slo_s: Latency objective for goodput (None: no goodput).
-        price_per_replica_hour: For cost per million requests (0: not reported).
-        end_s: When the run stopped (inf: every request was drained).
-        capacity_rps: The fleet's capacity (see :func:`sim.stability.capacity_rps`).
-        closed_loop: Arrivals come from closed-loop clients.
-        bounded: A queue bound, a request timeout or a dropping policy sheds excess load.
-        has_deadlines: Requests carry their own deadlines (request classes with an SLO):
-            goodput counts completions by their deadline.
-    """
-
-    warmup_s: float
-    horizon_s: float
-    replicas: int
-    max_batch_size: int
-    slo_s: float | None = None
-    price_per_replica_hour: float = 0.0
-    end_s: float = math.inf
-    capacity_rps: float = math.nan
-    closed_loop: bool = False
-    bounded: bool = False
-    has_deadlines: bool = False
-
-    @property
-    def length_s(self) -> float:
-        """Window length in seconds."""
-        return max(self.horizon_s - self.warmup_s, 0.0)
 
 
 def _stats_ms(values_s: np.ndarray, censored: int | None = None) -> dict[str, Any]:
@@ -155,12 +118,17 @@ def latency_with_censored_s(ok: pd.DataFrame, pending: pd.DataFrame,
                            stop_s - pending["arrival_s"].to_numpy()))
 
 
-def ok_latency_s(requests: pd.DataFrame, warmup_s: float) -> np.ndarray:
-    """Latency (s) of the ok requests that arrived in the measurement window (after
-    ``warmup_s``), in request order.
+def ok_requests(requests: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
+    """The ok requests that arrived in the measurement window (after ``warmup_s``): the rows
+    behind every latency statistic (summary, batch means, reports, dashboard figures).
     """
     inwin = requests[requests["arrival_s"] >= warmup_s]
-    ok = inwin[inwin["status"].astype(str) == "ok"]
+    return inwin[inwin["status"].astype(str) == "ok"]
+
+
+def ok_latency_s(requests: pd.DataFrame, warmup_s: float) -> np.ndarray:
+    """Latency (s) of :func:`ok_requests`, in request order."""
+    ok = ok_requests(requests, warmup_s)
     return (ok["finish_s"] - ok["arrival_s"]).to_numpy()
 
 
@@ -170,7 +138,7 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
     lo, hi, span = window.warmup_s, window.horizon_s, window.length_s
     inwin = requests[requests["arrival_s"] >= lo]
     status = inwin["status"].astype(str)
-    ok = inwin[status == "ok"]
+    ok = ok_requests(requests, lo)
     arrivals = len(inwin)
     latency = (ok["finish_s"] - ok["arrival_s"]).to_numpy()
     counts = {cause: int((status == cause).sum()) for cause in ERROR_CAUSES}

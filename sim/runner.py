@@ -19,18 +19,14 @@ from sim.build import (
     build_service,
     build_workload,
     draw_classes,
-    horizon_s,
-    max_batch_size,
-    scenario_capacity_rps,
-    sheds_load,
 )
 from sim.core import ClientSource, ScheduleSource, ServingCore
 from sim.engine import SimPyDriver
-from sim.metrics import Window, summarize
+from sim.metrics import summarize
 from sim.records import RequestTable
 from sim.rundir import run_meta, write_run_dir
 from sim.scenario import Scenario, ScenarioError, load_scenario
-from sim.service import ServiceModel
+from sim.window import planned_horizon_s, window_for
 from sim.workloads import ClosedLoop
 
 
@@ -100,49 +96,6 @@ def check_warmup(scenario: Scenario, arrival_s: np.ndarray) -> None:
         raise ScenarioError(f"warmup_s: {scenario.warmup_s:g} s is past the last arrival "
                             f"({arrival_s[-1]:.3g} s): nothing would be measured; shorten "
                             "warmup_s or send more requests")
-
-
-def planned_horizon_s(scenario: Scenario, core: ServingCore) -> float:
-    """The window's end as known before the run: ``duration_s``, else the last scheduled
-    arrival (inf for a closed loop bounded only by ``n_requests``).
-    """
-    if isinstance(core.source, ScheduleSource):
-        n = core.table.n
-        return horizon_s(scenario, float(core.table.arrival_s[n - 1]) if n else 0.0)
-    duration = getattr(scenario.workload, "duration_s", None)
-    return math.inf if duration is None else float(duration)
-
-
-def window_for(scenario: Scenario, requests: pd.DataFrame, service: ServiceModel, *,
-               end_s: float = math.inf, stopped_s: float | None = None) -> Window:
-    """The measurement window of a finished run (the one place that defines it).
-
-    Args:
-        scenario: The resolved scenario.
-        requests: The run's request table.
-        service: The service model (for the capacity in the stability verdict).
-        end_s: When the run stopped (inf: it drained every request).
-        stopped_s: A stopped live run: when it stopped admitting (ends the window early).
-    """
-    last = float(requests["arrival_s"].max()) if len(requests) else 0.0
-    horizon = horizon_s(scenario, last)
-    if stopped_s is not None:
-        horizon = min(horizon, stopped_s)
-    mean_size = float(requests["size"].mean()) if len(requests) else 1.0
-    return Window(
-        warmup_s=scenario.warmup_s,
-        horizon_s=horizon,
-        replicas=scenario.replicas,
-        max_batch_size=max_batch_size(scenario),
-        slo_s=None if scenario.slo_ms is None else scenario.slo_ms / 1e3,
-        price_per_replica_hour=scenario.price_per_replica_hour,
-        end_s=end_s,
-        capacity_rps=scenario_capacity_rps(scenario, service, mean_size),
-        closed_loop=scenario.workload.kind == "closed",
-        bounded=sheds_load(scenario),
-        has_deadlines=bool(scenario.classes and any(c.slo_ms is not None
-                                                    for c in scenario.classes)),
-    )
 
 
 def run(scenario: Scenario | dict[str, Any] | str | Path,

@@ -45,13 +45,6 @@ class ArrivalSchedule:
             frame["klass"] = self.klass
         return frame
 
-    @classmethod
-    def from_frame(cls, frame: pd.DataFrame) -> ArrivalSchedule:
-        """Rebuild a schedule written by :meth:`to_frame`."""
-        klass = list(frame["klass"]) if "klass" in frame else None
-        return cls(frame["arrival_s"].to_numpy(float), frame["size"].to_numpy(np.int64),
-                   frame["priority"].to_numpy(np.int8), klass)
-
 
 def _check(name: str, value: float, *, low: float = 0.0, strict: bool = True) -> float:
     ok = value > low if strict else value >= low
@@ -195,12 +188,6 @@ class Mmpp(OpenLoop):
 
     def __repr__(self) -> str:
         return f"Mmpp(rates_rps={self.rates_rps}, mean_dwell_s={self.mean_dwell_s})"
-
-    @property
-    def mean_rate_rps(self) -> float:
-        """Long-run arrival rate."""
-        total = sum(self.mean_dwell_s)
-        return sum(r * d for r, d in zip(self.rates_rps, self.mean_dwell_s, strict=True)) / total
 
     def _times(self, rng: np.random.Generator) -> np.ndarray:
         chunks: list[np.ndarray] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 import yaml
 
@@ -11,6 +12,11 @@ from dashboard import figures
 from dashboard.state import fmt, parse_upload, profile_choice, run_scenario
 from dashboard.widgets import policy_widgets, workload_widgets
 from sim.stability import stability_warning
+
+DEFAULT_CLASSES = [
+    {"name": "interactive", "share": 0.2, "priority": 0, "slo_ms": 100.0},  # level 0 first
+    {"name": "batch", "share": 0.8, "priority": 1, "slo_ms": 1000.0},
+]
 
 st.title("Explore")
 st.caption("Pick a profile, arrivals and a policy; everything re-simulates as you move a knob.")
@@ -50,16 +56,34 @@ with left:
                                  key="explore-slo")
         seed = st.number_input("seed", 0, 1_000_000, int(loaded.get("seed", 7)),
                                key="explore-seed")
+    with st.expander("request classes and queue discipline"):
+        disciplines = ["fifo", "priority", "edf"]
+        loaded_discipline = (loaded.get("queue") or {}).get("discipline", "fifo")
+        discipline = st.selectbox("queue discipline", disciplines,
+                                  index=disciplines.index(loaded_discipline)
+                                  if loaded_discipline in disciplines else 0,
+                                  key="explore-discipline")
+        use_classes = st.checkbox("request classes (share, priority, own SLO)",
+                                  bool(loaded.get("classes")), key="explore-use-classes")
+        classes: list[dict[str, Any]] = []
+        if use_classes:
+            default = loaded.get("classes") or DEFAULT_CLASSES
+            edited = st.data_editor(pd.DataFrame(default), num_rows="dynamic",
+                                    key="explore-classes")
+            classes = [{str(k): (None if pd.isna(v) else v) for k, v in row.items()}
+                       for row in edited.to_dict("records") if row.get("name")]
 
 scenario: dict[str, Any] = {
     "name": "dashboard", "seed": int(seed),
     "service": {"kind": "profile", "path": profile or "builtin:minilm-cpu"},
     "workload": workload, "policy": policy,
-    "queue": {"discipline": "fifo", "max_len": int(max_len) or None,
+    "queue": {"discipline": discipline, "max_len": int(max_len) or None,
               "timeout_ms": float(timeout) or None},
     "replicas": int(replicas), "routing": routing,
     "warmup_s": min(5.0, workload["duration_s"] / 10), "slo_ms": float(slo_ms),
 }
+if classes:
+    scenario["classes"] = classes
 if policy["kind"] == "aimd":
     scenario["policy"]["slo_ms"] = policy.get("slo_ms", slo_ms)
 
@@ -81,6 +105,10 @@ with right:
         second[1].metric("mean batch", fmt(s["mean_batch_size"], 2))
         second[2].metric("batch utilisation", fmt(100 * s["batch_utilization"], 1, " %"))
         second[3].metric("queue length p95", fmt(s["queue_len"]["p95"], 0))
+        if s.get("classes"):
+            st.markdown("**per request class** (a class whose P99 or error rate runs away is "
+                        "being starved)")
+            st.dataframe(figures.class_table(s, scenario.get("classes", [])), hide_index=True)
         runs = {"this scenario": result}
         a, b = st.columns(2)
         a.plotly_chart(figures.latency_cdf(runs))

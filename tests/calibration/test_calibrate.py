@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 import sim
-from calibration.fit import fit_curve, predict_ms
+from calibration.fit import fit_curve
 from calibration.measure import CalibrationError, calibrate, parse_batch_sizes
 from calibration.profile import load_profile
 from calibration.runners import RunnerError, build_runner
 from servelab.cli import app
+
 
 def test_shuffled_order_warmup_and_rep_counts(fake_runner) -> None:
     runner = fake_runner()
@@ -62,7 +64,7 @@ def test_bad_batch_size_specs(spec: str) -> None:
 def test_fit_linear_and_bent() -> None:
     lin = fit_curve([1, 2, 4, 8], [0.003, 0.004, 0.006, 0.010])
     assert lin["kind"] == "linear" and lin["r2"] == pytest.approx(1.0)
-    assert predict_ms(lin, 16) == pytest.approx(18.0)
+    assert lin["a_ms"] == pytest.approx(2.0) and lin["b_ms_per_item"] == pytest.approx(1.0)
     bent = fit_curve(list(range(1, 11)), [0.001] * 5 + [0.002, 0.003, 0.004, 0.005, 0.006])
     assert bent["kind"] == "piecewise" and bent["breakpoint"] == 5.0
 

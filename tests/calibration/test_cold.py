@@ -11,7 +11,7 @@ import sim
 from calibration.measure import calibrate
 from calibration.profile import LatencyProfile, ProfileError, load_profile
 from sim.service import ProfileService
-from tests.calibration.test_calibrate import FakeRunner
+from tests.calibration.conftest import FakeRunner
 
 
 def two_speed_profile() -> LatencyProfile:

@@ -60,9 +60,16 @@ def test_every_page_renders_its_figures_in_chromium() -> None:
                 assert view.locator(".js-plotly-plot").count() >= 1, name
                 assert view.locator("text=Traceback").count() == 0, name
                 view.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+                if name == "compare":  # the load curves sit below the fold: scroll to them
+                    curves = view.locator(".js-plotly-plot").filter(
+                        has_text="achieved throughput vs offered load")
+                    assert curves.count() == 1
+                    curves.first.scroll_into_view_if_needed()
+                    time.sleep(1.0)
+                    curves.first.screenshot(path=str(ARTIFACTS / "compare-curves.png"))
             browser.close()
     finally:
         server.terminate()
         server.wait(timeout=30)
-    for name in PAGES:
+    for name in [*PAGES, "compare-curves"]:
         assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000

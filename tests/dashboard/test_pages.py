@@ -88,3 +88,23 @@ def test_course_lessons_run_in_both_languages() -> None:
     before = metrics(at)
     at.slider(key="l1-rate").set_value(60).run()
     assert not at.exception and metrics(at) != before
+
+
+def test_explore_shows_request_classes_and_priority_helps_the_urgent_class() -> None:
+    at = page("explore")
+    at.number_input(key="explore-rate").set_value(float(at.number_input(
+        key="explore-rate").value) * 1.5).run()  # load, so the discipline matters
+    at.checkbox(key="explore-use-classes").check().run()
+    assert not at.exception
+    table = at.dataframe[-1].value
+    assert list(table["class"]) and set(table["class"]) == {"interactive", "batch"}
+
+    def p99(discipline: str) -> dict[str, float]:
+        at.selectbox(key="explore-discipline").set_value(discipline).run()
+        assert not at.exception
+        frame = at.dataframe[-1].value.set_index("class")
+        return frame["P99 (ms)"].to_dict()
+
+    fifo, priority = p99("fifo"), p99("priority")
+    assert priority["interactive"] < fifo["interactive"]
+    assert priority["batch"] >= fifo["batch"] - 1e-9

@@ -124,7 +124,10 @@ POLICY = st.one_of(
               st.integers(1, 8), st.floats(0.1, 5)),
     st.builds(lambda s, b: {"kind": "aimd", "slo_ms": s, "max_batch_size": b},
               st.floats(3, 30), st.integers(1, 16)),
+    st.builds(lambda b: {"kind": "slo", "max_batch_size": b}, st.integers(1, 16)),
 )
+CLASSES = [{"name": "gold", "share": 0.3, "priority": 1, "slo_ms": 8},
+           {"name": "bronze", "share": 0.7, "priority": 0, "slo_ms": 40}]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -132,16 +135,22 @@ POLICY = st.one_of(
        routing=st.sampled_from(["shared", "round_robin", "random", "jsq", "p2c", "least_work"]),
        max_len=st.one_of(st.none(), st.integers(1, 20)),
        timeout_ms=st.one_of(st.none(), st.floats(1, 50)),
-       discipline=st.sampled_from(["fifo", "priority"]),
+       discipline=st.sampled_from(["fifo", "priority", "edf"]),
+       concurrency=st.integers(1, 3), classes=st.booleans(),
        seed=st.integers(0, 10_000))
 def test_invariants_hold_for_any_configuration(policy, rate, replicas, routing, max_len,
-                                               timeout_ms, discipline, seed) -> None:
+                                               timeout_ms, discipline, concurrency, classes,
+                                               seed) -> None:
+    policy = {**policy, "max_concurrent_batches": concurrency}
+    workload = {"kind": "poisson", "rate_rps": rate, "n_requests": 300}
+    extra = {"classes": CLASSES} if classes else {}
+    if not classes:
+        workload["priority_mix"] = [0.3, 0.7]
     result = sim.run(scenario(
         seed=seed, service={"kind": "linear", "base_ms": 2, "per_item_ms": 0.5, "cv": 0.5},
-        workload={"kind": "poisson", "rate_rps": rate, "n_requests": 300,
-                  "priority_mix": [0.3, 0.7]},
-        policy=policy, replicas=replicas, routing=routing,
-        queue={"discipline": discipline, "max_len": max_len, "timeout_ms": timeout_ms}))
+        workload=workload, policy=policy, replicas=replicas, routing=routing, slo_ms=20,
+        queue={"discipline": discipline, "max_len": max_len, "timeout_ms": timeout_ms},
+        **extra))
     req, bat = result.requests, result.batches
     max_b = policy.get("max_batch_size", policy.get("batch_size", 1))
     # every request accounted for, nothing left behind (all these policies flush)
@@ -157,15 +166,23 @@ def test_invariants_hold_for_any_configuration(policy, rate, replicas, routing, 
     assert np.allclose(joined["start_s"], joined["start_s_b"])
     assert np.allclose(joined["finish_s"], joined["finish_s_b"])
     assert (served["start_s"] >= served["arrival_s"] - 1e-12).all()
-    # one batch at a time per replica
-    for _, g in bat.sort_values("start_s").groupby("replica"):
-        assert (g["start_s"].to_numpy()[1:] >= g["finish_s"].to_numpy()[:-1] - 1e-12).all()
+    # at most max_concurrent_batches at a time per replica
+    for _, g in bat.groupby("replica"):
+        events = sorted([(t, 1) for t in g["start_s"]] + [(t, -1) for t in g["finish_s"]],
+                        key=lambda e: (e[0], e[1]))  # a finish frees its slot first
+        assert max(np.cumsum([e[1] for e in events])) <= concurrency
     # FIFO order within each queue: dispatch order follows arrival order
     if discipline == "fifo":
         queues = [served] if routing == "shared" else [g for _, g in served.groupby("replica")]
         for g in queues:
             starts = g.sort_values("id")["start_s"].to_numpy()
             assert (np.diff(starts) >= -1e-12).all()
+    # EDF: a batch takes the earliest deadlines; nobody left waiting had an earlier one
+    if discipline == "edf" and routing == "shared" and policy["kind"] != "slo":
+        for b in bat.itertuples():
+            mine = served[served["batch_id"] == b.batch_id]
+            left = served[(served["arrival_s"] <= b.start_s) & (served["start_s"] > b.start_s)]
+            assert left.empty or left["deadline_s"].min() >= mine["deadline_s"].max() - 1e-12
     # dynamic, Triton timer: nobody waits past max_wait while a replica of its queue is free
     if policy["kind"] == "dynamic" and policy["timer"] == "request":
         wait_s = policy["max_wait_ms"] / 1e3
@@ -175,7 +192,8 @@ def test_invariants_hold_for_any_configuration(policy, rate, replicas, routing, 
             owners = range(replicas) if routing == "shared" else [row.replica]
             for r in owners:
                 b = bat[bat["replica"] == r]
-                assert ((b["start_s"] <= t + 1e-12) & (b["finish_s"] > t)).any(), (
+                busy = int(((b["start_s"] <= t + 1e-12) & (b["finish_s"] > t)).sum())
+                assert busy >= concurrency, (
                     f"request {row.id} waited {row.start_s - row.arrival_s:.6f} s with "
                     f"replica {r} free at {t:.6f}")
 

@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 import sim
 from servelab.cli import app
-from sim.capacity import capacity, parse_slo, replicas_needed
 from sim.experiments import (
     ExperimentError,
     confidence_table,
@@ -21,6 +20,7 @@ from sim.experiments import (
     replicate,
     sweep,
 )
+from sim.experiments.capacity import capacity, parse_slo, replicas_needed
 from tests.sim.test_analytic import erlang_c
 
 BASE = {"seed": 0, "service": {"kind": "linear", "base_ms": 2, "per_item_ms": 0.5, "cv": 0.3},

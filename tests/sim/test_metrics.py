@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.metrics import Window, busy_s, queue_length_stats, summarize
+from sim.metrics import busy_s, queue_length_stats, summarize
+from sim.window import Window
 
 
 def tables():

@@ -127,8 +127,8 @@ def test_warmup_past_the_last_arrival_is_refused_for_n_requests() -> None:
 
 
 def test_capacity_reports_failed_runs_instead_of_a_missed_slo() -> None:
-    from sim.capacity import capacity
     from sim.experiments import ExperimentError
+    from sim.experiments.capacity import capacity
 
     # batches beyond the profile's measured sizes fail, but only once the load forms them
     scn = {"seed": 1, "service": {"kind": "profile", "path": "builtin:mlp-cpu"},
@@ -139,8 +139,8 @@ def test_capacity_reports_failed_runs_instead_of_a_missed_slo() -> None:
 
 
 def test_goodput_slo_without_slo_ms_is_refused() -> None:
-    from sim.capacity import capacity
     from sim.experiments import ExperimentError
+    from sim.experiments.capacity import capacity
 
     with pytest.raises(ExperimentError, match="needs slo_ms"):
         capacity({"service": {"kind": "constant", "ms": 1},

@@ -111,8 +111,8 @@ def test_drain_timeout_in_the_simulator_censors_the_backlog() -> None:
 
 
 def test_unstable_runs_fail_latency_slos_in_capacity() -> None:
-    from sim.capacity import meets
     from sim.experiments import sweep
+    from sim.experiments.capacity import meets
 
     rows = sweep(mm1(150.0, duration_s=40), {"seed": [1]}, seeds=1, workers=1)
     assert rows["stability.verdict"].iloc[0] == "unstable"

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.errors import UserError
+from sim.metrics import ok_requests
 from sim.scenario import Scenario, load_scenario
 
 Progress = Callable[[int, int], None]  # (finished, total)
@@ -293,8 +294,7 @@ def batch_means(scenario: Scenario | dict[str, Any] | str | Path, batches: int =
     from sim.runner import run
 
     result = run(scenario)
-    req = result.requests
-    req = req[(req["arrival_s"] >= result.scenario.warmup_s) & (req["status"] == "ok")]
+    req = ok_requests(result.requests, result.scenario.warmup_s)
     column = {"latency_ms": req["finish_s"] - req["arrival_s"],
               "queue_ms": req["start_s"] - req["arrival_s"],
               "service_ms": req["finish_s"] - req["start_s"]}.get(metric)

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from calibration.report import PALETTE
-from sim.experiments import pareto
+from sim.experiments.sweep import pareto
 
 
 def sweep_figure(frame: pd.DataFrame, knobs: Sequence[str]) -> go.Figure:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.experiments import ExperimentError, Progress, sweep
+from sim.experiments.sweep import ExperimentError, Progress, sweep
 from sim.scenario import Scenario, load_scenario
 
 # SLO key -> (summary column, "max" = must not exceed, "min" = must reach)
