@@ -72,7 +72,7 @@ if results:
 st.subheader("over a load sweep")
 factors = st.multiselect("offered load as a multiple of the rate above",
                          [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0],
-                         default=[0.25, 0.5, 0.75, 1.0, 1.25, 1.5], key="compare-factors")
+                         default=[0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0], key="compare-factors")
 sweep_seconds = st.slider("duration per point (s)", 5, 120, 20, key="compare-sweep-duration")
 rows = []
 for i, policy in enumerate(policies):
