@@ -1,6 +1,7 @@
 """Replay the Azure LLM conversation trace scaled to a target utilisation.
 
-The trace (examples/data/azure_llm_2023_conv.csv, CC-BY 4.0 — see examples/data/README.md)
+The trace (builtin:azure_llm_2023_conv.csv, shipped in servelab/data/, CC-BY 4.0 — see
+servelab/data/README.md)
 holds one hour of real arrivals. ``time_scale`` compresses or stretches it so that the mean
 rate gives the target utilisation on builtin:minilm-cpu with no batching; its bursts stay.
 Run: python examples/trace_replay.py [--quick]
@@ -16,7 +17,7 @@ from calibration.profile import load_profile
 from examples._common import quick_from_argv, show
 from sim.runner import run
 
-TRACE = Path(__file__).resolve().parent / "data" / "azure_llm_2023_conv.csv"
+TRACE = Path(__file__).resolve().parents[1] / "servelab" / "data" / "azure_llm_2023_conv.csv"
 
 
 def main(quick: bool = False) -> pd.DataFrame:

@@ -43,14 +43,14 @@ def simulate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
 ) -> None:
     """Simulate SCENARIO and print a summary; with --out, write the run directory."""
-    import sim
+    from sim.llm import StepInvariantError, run_any
 
     try:
-        result = sim.run(scenario, overrides=set_ or None)
+        result = run_any(scenario, overrides=set_ or None)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
-    except (PolicyError, InvariantError) as exc:
+    except (PolicyError, InvariantError, StepInvariantError) as exc:
         fail(f"internal check failed (please report): {exc}", code=3)
         return
     if out is not None:

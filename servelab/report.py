@@ -18,6 +18,8 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
     """A two-part table: counts and rates, then latency percentiles in ms."""
+    if summary.get("kind") == "llm":
+        return llm_summary_table(summary, title)
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -55,4 +57,46 @@ def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
     if stability:
         table.add_row("stability", f"{stability['verdict']} (offered/capacity "
                       f"{_fmt(stability['rho_offered'])})")
+    return table
+
+
+def llm_summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
+    """An LLM run: counts, request and token throughput, then TTFT/TPOT/ITL/E2E in ms."""
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("requests (in window)", summary["requests"]),
+        ("ok / rejected / in flight",
+         " / ".join(_fmt(summary[k]) for k in ("ok", "rejected", "in_flight"))),
+        ("offered (req/s)", summary["offered_rps"]),
+        ("throughput: completions in the window (req/s)", summary["throughput_rps"]),
+        ("input tokens/s (of the completions)", summary["input_tokens_per_s"]),
+        ("output tokens/s (produced in the window)", summary["output_tokens_per_s"]),
+        ("goodput (req/s, every SLO met)", "no SLO set" if summary["goodput_rps"] is None
+         else summary["goodput_rps"]),
+        ("preemptions / recomputed tokens",
+         f"{_fmt(summary['preemptions'])} / {_fmt(summary['recomputed_tokens'])}"),
+        ("tokens per step mean / p99",
+         " / ".join(_fmt(summary["tokens_per_step"][k]) for k in ("mean", "p99"))),
+        ("sequences per step mean / max",
+         " / ".join(_fmt(summary["seqs_per_step"][k]) for k in ("mean", "max"))),
+        ("KV cache utilisation mean / max",
+         " / ".join(_fmt(summary["kv_cache_utilization"][k]) for k in ("mean", "max"))),
+        ("device utilisation", summary["utilization"]),
+        ("waiting queue mean / p95 / max",
+         " / ".join(_fmt(summary["queue_len"][k]) for k in ("mean", "p95", "max"))),
+    ]
+    for name, value in rows:
+        table.add_row(name, _fmt(value, 3 if isinstance(value, float) and value < 10 else 1))
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"),
+                       ("e2e_ms", "E2E")):
+        stats = summary[key]
+        table.add_row(f"{label} ms mean / p50 / p99 / max",
+                      " / ".join(_fmt(stats[k]) for k in ("mean", "p50", "p99", "max")))
+    if summary.get("censored"):
+        table.add_row("censored (unfinished when the run stopped)", _fmt(summary["censored"]))
+    stability = summary.get("stability") or {}
+    if stability:
+        table.add_row("stability", str(stability["verdict"]))
     return table

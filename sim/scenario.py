@@ -318,24 +318,33 @@ def _tags(annotation: Any) -> dict[str, type[BaseModel]]:
             for m in typing.get_args(union)}
 
 
-def _split_loc(loc: tuple[Any, ...]) -> tuple[list[str], type[BaseModel] | None]:
+def _split_loc(loc: tuple[Any, ...], root: type[BaseModel] | None = None,
+               unions: dict[str, Any] | None = None,
+               sections: dict[str, type[BaseModel]] | None = None,
+               ) -> tuple[list[str], type[BaseModel] | None]:
     """The printed path (union tags removed) and the model that holds the last key."""
+    root = Scenario if root is None else root
+    unions = _UNIONS if unions is None else unions
+    sections = {"queue": QueueCfg} if sections is None else sections
     parts = [str(p) for p in loc]
-    model: type[BaseModel] | None = Scenario
-    if parts and parts[0] in _UNIONS:
-        tags = _tags(_UNIONS[parts[0]])
+    model: type[BaseModel] | None = root
+    if parts and parts[0] in unions:
+        tags = _tags(unions[parts[0]])
         if len(parts) > 1 and parts[1] in tags:
             model = tags[parts[1]]
             parts = [parts[0], *parts[2:]]
             return parts, model if len(parts) == 2 else None
         return parts, None
-    if len(parts) == 2 and parts[0] == "queue":
-        return parts, QueueCfg
-    return parts, Scenario if len(parts) == 1 else None
+    if len(parts) == 2 and parts[0] in sections:
+        return parts, sections[parts[0]]
+    return parts, root if len(parts) == 1 else None
 
 
-def _format(error: dict[str, Any]) -> str:
-    parts, model = _split_loc(tuple(error["loc"]))
+def _format(error: dict[str, Any], root: type[BaseModel] | None = None,
+            unions: dict[str, Any] | None = None,
+            sections: dict[str, type[BaseModel]] | None = None) -> str:
+    unions = _UNIONS if unions is None else unions
+    parts, model = _split_loc(tuple(error["loc"]), root, unions, sections)
     path = ".".join(parts) or "scenario"
     kind = error["type"]
     if kind == "extra_forbidden":
@@ -346,8 +355,8 @@ def _format(error: dict[str, Any]) -> str:
         return (f"{path}.kind: unknown value {ctx.get('tag')!r}; allowed: "
                 f"{ctx.get('expected_tags')}")
     if kind == "union_tag_not_found":
-        return f"{path}.kind: missing; allowed: {', '.join(_tags(_UNIONS[parts[0]]))}" \
-            if parts and parts[0] in _UNIONS else f"{path}.kind: missing"
+        return f"{path}.kind: missing; allowed: {', '.join(_tags(unions[parts[0]]))}" \
+            if parts and parts[0] in unions else f"{path}.kind: missing"
     if kind == "missing":
         return f"{path}: required field is missing"
     msg = str(error["msg"])
@@ -368,8 +377,21 @@ def validate_scenario(data: Any) -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        lines = sorted({_format(dict(e)) for e in exc.errors()})
-        raise ScenarioError("; ".join(lines)) from None
+        raise ScenarioError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError, root: type[BaseModel] | None = None,
+                            unions: dict[str, Any] | None = None,
+                            sections: dict[str, type[BaseModel]] | None = None) -> str:
+    """Pydantic's errors as one line: each names its field and what is allowed.
+
+    Args:
+        exc: The validation error.
+        root: The scenario model (default :class:`Scenario`).
+        unions: Section name -> discriminated union (``kind`` tags), e.g. ``policy``.
+        sections: Section name -> plain model, for "allowed keys" of unknown keys.
+    """
+    return "; ".join(sorted({_format(dict(e), root, unions, sections) for e in exc.errors()}))
 
 
 def builtin_scenarios() -> list[str]:
@@ -402,13 +424,16 @@ def read_scenario_dict(ref: str | Path) -> dict[str, Any]:
     return data
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any]) -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any], *,
+                    unions: dict[str, Any] | None = None) -> dict[str, Any]:
     """Return a copy of ``data`` with dotted-key overrides applied.
 
     Args:
         data: Scenario dict.
         overrides: ``["policy.max_batch_size=16", ...]`` (values parsed as YAML scalars) or
             ``{"policy.max_batch_size": 16}``.
+        unions: Section -> discriminated union whose ``kind`` switches prune the old kind's
+            knobs (default: the request-level scenario's).
     """
     out = copy.deepcopy(data)
     items: list[tuple[str, Any]]
@@ -440,15 +465,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any])
                 raise ScenarioError(f"{key}: {part!r} is not a section")
             node = child
         node[parts[-1]] = value
-    _prune_switched_kinds(out, explicit)
+    _prune_switched_kinds(out, explicit, _UNIONS if unions is None else unions)
     return out
 
 
-def _prune_switched_kinds(data: dict[str, Any], explicit: set[str]) -> None:
+def _prune_switched_kinds(data: dict[str, Any], explicit: set[str],
+                          unions: dict[str, Any]) -> None:
     """After ``--set policy.kind=greedy``, drop the old kind's knobs that the new kind does
     not have (knobs set explicitly are kept, so typos still get an error).
     """
-    for section, union in _UNIONS.items():
+    for section, union in unions.items():
         node = data.get(section)
         if f"{section}.kind" not in explicit or not isinstance(node, dict):
             continue

@@ -25,14 +25,29 @@ class WorkloadError(UserError):
     """A workload parameter or input file is invalid."""
 
 
+def data_path(path: str | Path) -> Path:
+    """A data file's path: ``builtin:NAME`` is a file shipped in ``servelab/data``."""
+    text = str(path)
+    if text.startswith("builtin:"):
+        from importlib import resources
+
+        return Path(str(resources.files("servelab") / "data" / text.removeprefix("builtin:")))
+    return Path(text)
+
+
 @dataclass(frozen=True)
 class ArrivalSchedule:
-    """Arrival times (s, ascending), sizes (items) and priorities of an open-loop run."""
+    """Arrival times (s, ascending), sizes (items) and priorities of an open-loop run.
+
+    ``rows``: for a trace, the data row (0-based) each arrival replays, so other columns of
+    the trace (an LLM request's prompt and output tokens) can follow it.
+    """
 
     arrival_s: np.ndarray
     size: np.ndarray
     priority: np.ndarray
     klass: list[str] | None = field(default=None)
+    rows: np.ndarray | None = field(default=None)
 
     def __len__(self) -> int:
         return int(self.arrival_s.size)
@@ -251,7 +266,7 @@ class Trace(OpenLoop):
     def __init__(self, path: str, timestamp_column: str = "TIMESTAMP", time_scale: float = 1.0,
                  rate_scale: float = 1.0, size_column: str | None = None,
                  **bounds: object) -> None:
-        self.path = Path(path)
+        self.path = data_path(path)
         self.timestamp_column = timestamp_column
         self.time_scale = _check("time_scale", time_scale)
         self.rate_scale = _check("rate_scale", rate_scale)
@@ -313,13 +328,15 @@ class Trace(OpenLoop):
     def schedule(self, rng: np.random.Generator) -> ArrivalSchedule:
         """The (rate-scaled, bounded) trace."""
         times, sizes = self._times_s, self._sizes
+        rows = np.arange(times.size)
         if self.rate_scale != 1.0:
             whole = math.floor(self.rate_scale)
             copies = whole + (rng.random(times.size) < self.rate_scale - whole)
             times, sizes = np.repeat(times, copies), np.repeat(sizes, copies)
+            rows = np.repeat(rows, copies)
         keep = self._clip(times).size
         return ArrivalSchedule(times[:keep].astype(float), sizes[:keep].astype(np.int64),
-                               self._priorities(rng, keep))
+                               self._priorities(rng, keep), rows=rows[:keep])
 
 
 class ClosedLoop:

@@ -9,7 +9,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-AZURE_TRACE = REPO / "examples" / "data" / "azure_llm_2023_conv.csv"
+AZURE_TRACE = REPO / "servelab" / "data" / "azure_llm_2023_conv.csv"
 
 
 def scenario(**overrides: Any) -> dict[str, Any]:

@@ -16,8 +16,9 @@ from typing import Any
 
 import pandas as pd
 
-from sim.experiments.sweep import ExperimentError, Progress, sweep
-from sim.scenario import Scenario, load_scenario
+from sim.experiments.sweep import ExperimentError, Progress, load_any, sweep
+from sim.llm.scenario import LlmScenario
+from sim.scenario import Scenario
 
 # SLO key -> (summary column, "max" = must not exceed, "min" = must reach)
 SLO_KEYS: dict[str, tuple[str, str]] = {
@@ -29,7 +30,12 @@ SLO_KEYS: dict[str, tuple[str, str]] = {
     "p999_ms": ("latency_ms.p999", "max"),
     "error_rate": ("error_rate", "max"),
     "goodput_frac": ("goodput_frac", "min"),
+    # LLM scenarios
+    **{f"{metric}_{stat}_ms": (f"{metric}_ms.{stat}", "max")
+       for metric in ("ttft", "tpot", "itl", "e2e")
+       for stat in ("mean", "p50", "p90", "p95", "p99")},
 }
+LATENCY_COLUMNS = ("latency_ms", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
 def parse_slo(items: Sequence[str] | Mapping[str, float]) -> dict[str, float]:
@@ -101,7 +107,8 @@ def meets(rows: pd.DataFrame, slo: Mapping[str, float]) -> tuple[bool, dict[str,
         value = float(series.mean())
         values[key] = value
         broken = (sense == "max" and value > target) or (sense == "min" and value < target)
-        if broken or not math.isfinite(value) or (unstable and column.startswith("latency")):
+        if broken or not math.isfinite(value) or (
+                unstable and column.startswith(LATENCY_COLUMNS)):
             ok = False
     return ok, values
 
@@ -134,13 +141,20 @@ class CapacityResult:
                 "evaluations": self.evaluations.to_dict(orient="records")}
 
 
-def _check_goodput_slo(scenario: Scenario, objectives: Mapping[str, float]) -> None:
-    if "goodput_frac" in objectives and scenario.slo_ms is None:
+def _check_goodput_slo(scenario: Scenario | LlmScenario,
+                       objectives: Mapping[str, float]) -> None:
+    if "goodput_frac" not in objectives:
+        return
+    if isinstance(scenario, Scenario) and scenario.slo_ms is None:
         raise ExperimentError("--slo goodput_frac: needs slo_ms in the scenario (goodput "
                               "counts the requests within it); add --set slo_ms=...")
+    if not isinstance(scenario, Scenario) and scenario.slo.ttft_ms is None \
+            and scenario.slo.tpot_ms is None:
+        raise ExperimentError("--slo goodput_frac: needs slo.ttft_ms or slo.tpot_ms in the "
+                              "scenario; add --set slo.ttft_ms=...")
 
 
-def _current(scenario: Scenario, dotted: str) -> float:
+def _current(scenario: Scenario | LlmScenario, dotted: str) -> float:
     node: Any = scenario.model_dump()
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -152,13 +166,13 @@ def _current(scenario: Scenario, dotted: str) -> float:
     return float(node)
 
 
-def capacity(scenario: Scenario | dict[str, Any] | str | Path,
+def capacity(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
              slo: Mapping[str, float] | Sequence[str], *, over: str = "workload.rate_rps",
              seeds: int = 3, tol: float = 0.02, workers: int | None = None,
              dask: str | None = None, progress: Progress | None = None,
              max_steps: int = 40) -> CapacityResult:
     """The highest value of ``over`` at which the scenario holds ``slo``."""
-    base = load_scenario(scenario)
+    base = load_any(scenario)
     objectives = parse_slo(slo)
     _check_goodput_slo(base, objectives)
     start = _current(base, over)
@@ -207,14 +221,15 @@ def capacity(scenario: Scenario | dict[str, Any] | str | Path,
     return CapacityResult(over, lo, (lo, hi), objectives, evals, pd.concat(runs))
 
 
-def replicas_needed(scenario: Scenario | dict[str, Any] | str | Path, target_rps: float,
+def replicas_needed(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
+                    target_rps: float,
                     slo: Mapping[str, float] | Sequence[str], *, seeds: int = 3,
                     max_replicas: int = 256, workers: int | None = None,
                     dask: str | None = None) -> dict[str, Any]:
     """The fewest replicas that hold ``slo`` at ``target_rps``, with cost per million."""
     if not target_rps > 0:
         raise ExperimentError(f"--target-rps {target_rps}: must be > 0")
-    base = load_scenario(scenario, {"workload.rate_rps": target_rps})
+    base = load_any(scenario, {"workload.rate_rps": target_rps})
     objectives = parse_slo(slo)
     _check_goodput_slo(base, objectives)
     tried: dict[int, tuple[bool, pd.DataFrame]] = {}

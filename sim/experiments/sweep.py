@@ -18,14 +18,17 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from calibration.errors import UserError
 from sim.metrics import ok_requests
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import Scenario
+
+if TYPE_CHECKING:
+    from sim.llm.scenario import LlmScenario
 
 Progress = Callable[[int, int], None]  # (finished, total)
 
@@ -66,11 +69,11 @@ class Task:
 
 def run_task(task: Task) -> dict[str, Any]:
     """Simulate one task; never raises (an error becomes the row's ``error``)."""
-    from sim.runner import run
+    from sim.llm import run_any
 
     row: dict[str, Any] = {"key": task.key, **task.point, "seed": task.seed, "error": ""}
     try:
-        result = run(task.base, overrides={**task.point, "seed": task.seed})
+        result = run_any(task.base, overrides={**task.point, "seed": task.seed})
         row.update(flatten(result.summary))
         row["wall_s"] = result.meta.get("wall_s")
     except Exception as exc:  # a failing run is recorded and the sweep goes on
@@ -115,8 +118,15 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
     return grid
 
 
-def tasks_for(base: Scenario, grid: Mapping[str, Sequence[Any]], seeds: int | Sequence[int]
-              ) -> list[Task]:
+def load_any(source: Any, overrides: Any = None) -> Scenario | LlmScenario:
+    """A request-level or LLM scenario, whichever ``source`` is (:func:`sim.llm.load_any`)."""
+    from sim.llm import load_any as _load_any
+
+    return _load_any(source, overrides)
+
+
+def tasks_for(base: Scenario | LlmScenario, grid: Mapping[str, Sequence[Any]],
+              seeds: int | Sequence[int]) -> list[Task]:
     """The cross product of grid values and seeds (each point validated up front)."""
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     if not seed_list:
@@ -126,7 +136,7 @@ def tasks_for(base: Scenario, grid: Mapping[str, Sequence[Any]], seeds: int | Se
     out = []
     for combo in product(*(grid[k] for k in keys)):
         point = dict(zip(keys, combo, strict=True))
-        load_scenario(base_dict, point)  # fail fast, naming the field, before any run
+        load_any(base_dict, point)  # fail fast, naming the field, before any run
         for seed in seed_list:
             out.append(Task(base_dict, point, int(seed), _key(point, int(seed))))
     return out
@@ -187,7 +197,7 @@ def _execute_dask(tasks: Sequence[Task], address: str, progress: Progress | None
 
 
 # -- public API ----------------------------------------------------------------------------------
-def sweep(base_scenario: Scenario | dict[str, Any] | str | Path,
+def sweep(base_scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
           grid: Mapping[str, Sequence[Any]], seeds: int | Sequence[int] = 5, *,
           workers: int | None = None, dask: str | None = None, out_dir: str | Path | None = None,
           progress: Progress | None = None) -> pd.DataFrame:
@@ -206,7 +216,7 @@ def sweep(base_scenario: Scenario | dict[str, Any] | str | Path,
         One row per run: every grid value, ``seed``, ``error`` and every summary metric
         (nested keys dotted: ``latency_ms.p99``). Sorted by grid order then seed.
     """
-    base = load_scenario(base_scenario)
+    base = load_any(base_scenario)
     tasks = tasks_for(base, grid, seeds)
     order = {t.key: i for i, t in enumerate(tasks)}
     rows: dict[str, dict[str, Any]] = {}

@@ -1,0 +1,218 @@
+"""``sim.llm.run(scenario) -> LlmResult``: simulate an LLM scenario on its step model.
+
+The clock is a plain event loop (no SimPy): an engine runs one step after another while it
+has work, and a step's time is the step model's. Arrivals that come during a step join the
+scheduler when it ends; an idle engine waits for the next arrival or the scheduler's timer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.build import WORKLOADS, Streams, _knobs
+from sim.llm.core import LlmCore
+from sim.llm.metrics import summarize_llm
+from sim.llm.scenario import LlmScenario, load_llm_scenario
+from sim.llm.schedulers import (
+    ContinuousScheduler,
+    LlmScheduler,
+    SarathiScheduler,
+    StaticScheduler,
+    VllmScheduler,
+)
+from sim.llm.step_model import LinearStepModel
+from sim.llm.tokens import request_tokens
+from sim.rundir import run_meta, write_json
+from sim.workloads import ArrivalSchedule, OpenLoop
+
+
+@dataclass
+class LlmResult:
+    """An LLM run's tables, summary and provenance.
+
+    Attributes:
+        scenario: The resolved scenario.
+        summary: The metrics (see :mod:`sim.llm.metrics`).
+        requests: One row per request (arrival, first token, finish, tokens, preemptions).
+        steps: One row per engine step (start, duration, composition, KV and queue state).
+        tokens: One row per output token (``id``, ``index``, ``time_s``).
+        queue: Waiting-queue length over time (``time_s``, ``queue``, ``length``).
+        meta: Versions, host, seed, driver, wall time.
+    """
+
+    scenario: LlmScenario
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    tokens: pd.DataFrame
+    queue: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, out_dir: str | Path) -> Path:
+        """Write the run directory: scenario.yaml, requests/steps/tokens/queue.parquet,
+        summary.json, meta.json.
+        """
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "scenario.yaml").write_text(self.scenario.to_yaml())
+        write_json(out / "meta.json", self.meta)
+        self.requests.to_parquet(out / "requests.parquet", index=False)
+        self.steps.to_parquet(out / "steps.parquet", index=False)
+        self.tokens.to_parquet(out / "tokens.parquet", index=False)
+        self.queue.to_parquet(out / "queue.parquet", index=False)
+        write_json(out / "summary.json", self.summary)
+        return out
+
+
+def build_scheduler(scenario: LlmScenario) -> LlmScheduler:
+    """A fresh scheduler for the scenario's ``policy``."""
+    cfg = scenario.policy
+    if cfg.kind == "static":
+        return StaticScheduler(max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms)
+    if cfg.kind == "continuous":
+        return ContinuousScheduler(num_blocks=cfg.blocks(), block_size=cfg.block_size,
+                                   max_num_seqs=cfg.max_num_seqs,
+                                   max_num_batched_tokens=cfg.max_num_batched_tokens)
+    if cfg.kind == "sarathi":
+        return SarathiScheduler(num_blocks=cfg.blocks(), block_size=cfg.block_size,
+                                max_num_seqs=cfg.max_num_seqs,
+                                max_num_batched_tokens=cfg.max_num_batched_tokens)
+    return VllmScheduler(num_blocks=cfg.blocks(), block_size=cfg.block_size,
+                         max_num_seqs=cfg.max_num_seqs,
+                         max_num_batched_tokens=cfg.max_num_batched_tokens,
+                         enable_chunked_prefill=cfg.enable_chunked_prefill,
+                         long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                         prefill_first=cfg.prefill_first)
+
+
+def build_step_model(scenario: LlmScenario) -> LinearStepModel:
+    """The step-time model of the scenario's ``service``."""
+    s = scenario.service
+    return LinearStepModel(s.base_ms, s.per_prefill_token_ms, s.per_decode_seq_ms,
+                           s.per_kv_token_ms)
+
+
+TOKEN_KEYS = ("prompt_tokens", "output_tokens", "prompt_tokens_column", "output_tokens_column")
+
+
+def llm_schedule(scenario: LlmScenario) -> tuple[ArrivalSchedule, np.ndarray, np.ndarray]:
+    """The arrival schedule and each request's (prompt, output) tokens for the seed. Token
+    lengths come from their own stream, so changing them keeps the arrival times.
+    """
+    cfg = scenario.workload
+    workload = WORKLOADS[cfg.kind](**_knobs(cfg, *TOKEN_KEYS))
+    assert isinstance(workload, OpenLoop)  # LLM workloads are open loop
+    streams = Streams.from_seed(scenario.seed)
+    schedule = workload.schedule(streams.arrivals)
+    prompt, output = request_tokens(scenario.workload, schedule, streams.classes)
+    return schedule, prompt, output
+
+
+def build_llm_core(scenario: LlmScenario) -> LlmCore:
+    """The engine core with the scenario's requests and scheduler (shared with live)."""
+    schedule, prompt, output = llm_schedule(scenario)
+    return LlmCore(schedule.arrival_s, prompt, output, build_scheduler(scenario))
+
+
+def simulate(core: LlmCore, model: LinearStepModel, until_s: float = math.inf) -> float:
+    """Run the core on the step model until every request is done (or ``until_s``); return
+    the end time.
+    """
+    now = 0.0
+    while True:
+        core.admit_until(now)
+        plan, comp = core.plan(now)
+        if comp is not None:
+            end = now + model.step_s(comp)
+            core.complete(plan, comp, now, end)
+            now = end
+            if now >= until_s:
+                return now
+            continue
+        nxt = min(core.next_arrival_s(), plan.wake_at_s if plan.wake_at_s is not None
+                  else math.inf)
+        if nxt == math.inf or nxt >= until_s:
+            return now if nxt == math.inf else until_s
+        now = max(now, nxt)
+
+
+def horizon_s(scenario: LlmScenario, arrival_s: np.ndarray) -> float:
+    """End of the measurement window: ``duration_s``, else the last arrival."""
+    duration = getattr(scenario.workload, "duration_s", None)
+    if duration is not None:
+        return float(duration)
+    return float(arrival_s[-1]) if arrival_s.size else 0.0
+
+
+def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The requests, steps, tokens and queue tables of a finished core."""
+    n = core.admitted
+    requests = pd.DataFrame({
+        "id": np.arange(n), "arrival_s": core.arrival_s[:n],
+        "prompt_tokens": core.prompt_tokens[:n], "output_tokens": core.output_tokens[:n],
+        "first_token_s": core.first_token_s[:n], "finish_s": core.finish_s[:n],
+        "status": pd.Categorical(core.status[:n].astype(str)),
+        "reason": core.reason[:n].astype(str), "preemptions": core.preemptions[:n],
+        "work_tokens": core.work_tokens[:n]})
+    steps = pd.DataFrame({k: np.asarray(v) for k, v in vars(core.steps).items()})
+    if steps.empty:
+        steps = pd.DataFrame({k: np.empty(0) for k in vars(core.steps)})
+    end = int(core.token_offset[n])
+    counts = core.output_tokens[:n]
+    tokens = pd.DataFrame({
+        "id": np.repeat(np.arange(n, dtype=np.int32), counts),
+        "index": (np.arange(end) - np.repeat(core.token_offset[:n], counts)).astype(np.int32),
+        "time_s": core.token_s[:end]})
+    queue = pd.DataFrame({"time_s": np.asarray(core.queue_time_s),
+                          "queue": np.zeros(len(core.queue_len), dtype=np.int32),
+                          "length": np.asarray(core.queue_len, dtype=np.int64)})
+    return requests, steps, tokens, queue
+
+
+def run(scenario: LlmScenario | dict[str, Any] | str | Path,
+        overrides: list[str] | dict[str, Any] | None = None, *,
+        drain_timeout_s: float | None = None) -> LlmResult:
+    """Simulate an LLM scenario.
+
+    Args:
+        scenario: An :class:`LlmScenario`, a dict, a YAML path, or ``builtin:NAME``.
+        overrides: Dotted-key overrides, e.g. ``{"policy.max_num_batched_tokens": 512}``.
+        drain_timeout_s: Stop this long after the horizon; what is unfinished stays in flight
+            (censored). None: drain every request.
+
+    Raises:
+        ScenarioError: the scenario is invalid.
+        StepInvariantError: a step broke a limit or lost a token (a bug).
+    """
+    scn = load_llm_scenario(scenario, overrides)
+    t0 = time.perf_counter()
+    core = build_llm_core(scn)
+    model = build_step_model(scn)
+    horizon = horizon_s(scn, core.arrival_s)
+    until = math.inf if drain_timeout_s is None else horizon + drain_timeout_s
+    end_s = simulate(core, model, until)
+    counts = core.close()
+    wall_s = time.perf_counter() - t0
+    requests, steps, tokens, queue = tables(core)
+    num_blocks = core.limits.num_blocks
+    summary = summarize_llm(requests, core.token_s, core.token_offset, steps, queue,
+                            warmup_s=scn.warmup_s, horizon_s=horizon, end_s=end_s,
+                            num_blocks=num_blocks, ttft_slo_ms=scn.slo.ttft_ms,
+                            tpot_slo_ms=scn.slo.tpot_ms, driver="sim")
+    meta = run_meta(scn, driver="sim", device={"kind": "simulated",  # type: ignore[arg-type]
+                                               "service": repr(model),
+                                               "scheduler": repr(core.scheduler)},
+                    extra={"kind": "llm", "end_s": end_s, "wall_s": wall_s,
+                           "status_counts": counts, "drain_timeout_s": drain_timeout_s,
+                           "steps": len(steps), "num_gpu_blocks": num_blocks,
+                           "requests_per_wall_s": len(requests) / wall_s if wall_s else None,
+                           "tokens_per_wall_s": int(core.token_offset[core.admitted]) / wall_s
+                           if wall_s else None})
+    return LlmResult(scn, summary, requests, steps, tokens, queue, meta)

@@ -1,0 +1,56 @@
+"""Step-time models: how long one engine step takes, from its composition.
+
+A step's composition is what the device computes: ``prefill_tokens`` (prompt chunks and
+recomputation), ``decode_seqs`` (sequences computing one token; static batching's padding
+rows included) and ``kv_tokens`` (the context the decodes attend to).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.llm.schedulers import StepPlan
+
+
+@dataclass(frozen=True)
+class Composition:
+    """What one step computes."""
+
+    prefill_tokens: int
+    decode_seqs: int
+    kv_tokens: int
+
+    @property
+    def batched_tokens(self) -> int:
+        """Tokens computed in the step (prefill tokens + one per decode)."""
+        return self.prefill_tokens + self.decode_seqs
+
+
+def composition(plan: StepPlan) -> Composition:
+    """The composition of a plan (before the step advances its sequences)."""
+    prefill = decode = kv = 0
+    for seq, n in plan.entries:
+        if n == 1 and seq.decoding:
+            decode += 1
+            kv += seq.computed
+        else:
+            prefill += n
+    return Composition(prefill, decode + plan.padding_seqs, kv + plan.padding_kv_tokens)
+
+
+@dataclass(frozen=True)
+class LinearStepModel:
+    """``base + per_prefill_token × prefill + per_decode_seq × decodes + per_kv_token × kv``
+    (milliseconds; BLIS-style coefficients), deterministic: hand-checkable cases.
+    """
+
+    base_ms: float
+    per_prefill_token_ms: float = 0.0
+    per_decode_seq_ms: float = 0.0
+    per_kv_token_ms: float = 0.0
+
+    def step_s(self, comp: Composition) -> float:
+        """Seconds one step of this composition takes."""
+        return (self.base_ms + self.per_prefill_token_ms * comp.prefill_tokens
+                + self.per_decode_seq_ms * comp.decode_seqs
+                + self.per_kv_token_ms * comp.kv_tokens) / 1e3
