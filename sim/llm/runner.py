@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from sim.build import WORKLOADS, Streams, _knobs
-from sim.llm.core import LlmCore
+from sim.llm.core import LlmCore, StepInvariantError
 from sim.llm.metrics import summarize_llm
 from sim.llm.scenario import LlmScenario, load_llm_scenario
 from sim.llm.schedulers import (
@@ -136,6 +136,9 @@ def simulate(core: LlmCore, model: LinearStepModel, until_s: float = math.inf) -
             if now >= until_s:
                 return now
             continue
+        if plan.wake_at_s is None and core.scheduler.has_work() and not plan.preempted:
+            raise StepInvariantError(f"{core.scheduler!r} has work but planned nothing and "
+                                     "set no timer: it would never finish")
         nxt = min(core.next_arrival_s(), plan.wake_at_s if plan.wake_at_s is not None
                   else math.inf)
         if nxt == math.inf or nxt >= until_s:

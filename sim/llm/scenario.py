@@ -176,6 +176,19 @@ class _KvCfg(_Strict):
                           // (self.block_size * self.kv_bytes_per_token)))
 
 
+class _BudgetCfg(_KvCfg):
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+
+    @model_validator(mode="after")
+    def _budget_holds_the_seqs(self) -> _BudgetCfg:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"policy.max_num_batched_tokens: {self.max_num_batched_tokens} "
+                             f"is below max_num_seqs {self.max_num_seqs}; a step must hold "
+                             "one decode token per sequence (vLLM refuses this too)")
+        return self
+
+
 class StaticPolicyCfg(_Strict):
     """Request-level batching of whole generations (size-or-timeout admission)."""
 
@@ -184,30 +197,25 @@ class StaticPolicyCfg(_Strict):
     max_wait_ms: float = Field(0.0, ge=0)
 
 
-class ContinuousPolicyCfg(_KvCfg):
+class ContinuousPolicyCfg(_BudgetCfg):
     """Orca: iteration-level admission, KV reserved for prompt + output at admission."""
 
     kind: Literal["continuous"]
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
 
 
-class VllmPolicyCfg(_KvCfg):
+class VllmPolicyCfg(_BudgetCfg):
     """vLLM V1's scheduler: paged KV, running first, preemption by recompute."""
 
     kind: Literal["vllm"]
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = Field(0, ge=0)
     prefill_first: bool = False
 
 
-class SarathiPolicyCfg(_KvCfg):
+class SarathiPolicyCfg(_BudgetCfg):
     """Sarathi-Serve: decodes first, then prefill chunks, within a fixed per-step budget."""
 
     kind: Literal["sarathi"]
-    max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)
 
 

@@ -100,7 +100,9 @@ class VllmScheduler:
         """Why ``seq`` can never run here (None if it can): vLLM rejects such requests."""
         if self.kv.blocks_for(seq.prompt + seq.output) > self.kv.num_blocks:
             return "kv_cache_too_small"
-        if not self.chunked and seq.prompt + seq.output - 1 > self.max_num_batched_tokens:
+        unchunked = self.prefill_first or not self.chunked
+        # without chunks a prompt (and, after a preemption, its outputs) prefills in one step
+        if unchunked and seq.prompt + seq.output - 1 > self.max_num_batched_tokens:
             return "prompt_exceeds_max_num_batched_tokens"
         return None
 
