@@ -52,3 +52,11 @@ def test_trace_replay() -> None:
 def test_capacity_planning() -> None:
     answer = run("capacity_planning")
     assert answer["met"] and answer["replicas"] >= 3
+
+
+def test_llm_chunked_prefill() -> None:
+    t = run("llm_chunked_prefill").set_index("policy.max_num_batched_tokens")
+    small, large = t.loc[256], t.loc[8192]
+    assert small["ttft_ms.p99"] > large["ttft_ms.p99"]  # prompts spread over more steps
+    assert small["tpot_ms.p99"] < large["tpot_ms.p99"]  # decodes no longer stall
+    assert small["itl_ms.p99"] < large["itl_ms.p99"] / 2

@@ -321,3 +321,23 @@ def test_every_step_respects_the_limits_and_every_token_comes_once(
     assert (ok["work_tokens"] >= ok["prompt_tokens"] + ok["output_tokens"] - 1).all()
     if result.summary["preemptions"] == 0:
         assert (ok["work_tokens"] == ok["prompt_tokens"] + ok["output_tokens"] - 1).all()
+
+
+def test_capacity_finds_the_rate_holding_ttft_and_tpot_slos() -> None:
+    from sim.experiments import capacity, sweep
+
+    cfg = scenario(prompt={"dist": "uniform", "low": 50, "high": 400},
+                   output={"dist": "uniform", "low": 10, "high": 100},
+                   policy={"kind": "vllm", "num_gpu_blocks": 4000, "max_num_seqs": 32,
+                           "max_num_batched_tokens": 512})
+    cfg["workload"] = {**cfg["workload"], "kind": "poisson", "rate_rps": 5.0,
+                       "duration_s": 60, "n_requests": None}
+    cfg["workload"].pop("n_requests")
+    cfg["warmup_s"] = 5
+    found = capacity(cfg, {"ttft_p99_ms": 500, "tpot_p99_ms": 100}, seeds=2, workers=1,
+                     tol=0.05)
+    assert found.max_value > 0
+    rows = sweep(cfg, {"workload.rate_rps": [found.max_value, found.interval[1] * 1.5]},
+                 seeds=2, workers=1)
+    at, past = rows.groupby("workload.rate_rps")["ttft_ms.p99"].mean().to_numpy()
+    assert at <= 500 < past
