@@ -279,10 +279,13 @@ class LatencyProfile:
 
 
 def builtin_profiles() -> list[str]:
-    """Names of the profiles shipped with servelab (usable as ``builtin:NAME``)."""
+    """Names of the request-level profiles shipped with servelab (usable as
+    ``builtin:NAME``; LLM step profiles, ``llm-*``, are listed by
+    :func:`calibration.step_profile.builtin_step_profiles`).
+    """
     folder = resources.files("calibration") / "profiles"
     return sorted(p.name.removesuffix(".json") for p in folder.iterdir()
-                  if p.name.endswith(".json"))
+                  if p.name.endswith(".json") and not p.name.startswith("llm-"))
 
 
 def load_profile(ref: str | Path, *, extrapolate: bool = False) -> LatencyProfile:

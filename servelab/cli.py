@@ -99,11 +99,17 @@ def scenarios() -> None:
     """List the shipped scenarios and profiles (usable as builtin:NAME)."""
     console.print("scenarios: " + ", ".join(f"builtin:{n}" for n in builtin_scenarios()))
     console.print("profiles:  " + ", ".join(f"builtin:{n}" for n in builtin_profiles()))
+    from calibration.step_profile import builtin_step_profiles
+
+    console.print("LLM step profiles: " + ", ".join(f"builtin:{n}"
+                                                    for n in builtin_step_profiles()))
 
 
 @app.command()
 def calibrate(
-    model: Annotated[str, typer.Option(help="minilm | mlp | cnn | module.path:factory")] = "minilm",
+    model: Annotated[str, typer.Option(
+        help="minilm | mlp | cnn | module.path:factory, or llm (a decoder's step profile; "
+             "--param shape=small|1b|8b and its sizes)")] = "minilm",
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (fp16 needs CUDA)")] = "fp32",
     threads: Annotated[int | None, typer.Option(
@@ -126,9 +132,23 @@ def calibrate(
     cold_after_ms: Annotated[float, typer.Option(
         help="The simulator treats a batch as cold after this much replica idle time.")] = 10.0,
 ) -> None:
-    """Measure a model's batched latency curve; write the profile JSON and an HTML report."""
-    from calibration.commands import run_calibration
+    """Measure a model's batched latency curve; write the profile JSON and an HTML report.
 
+    With --model llm: measure a Llama-architecture decoder's step time over a grid of step
+    compositions and its error on held-out steps of the Azure trace; write a step profile.
+    """
+    from calibration.commands import parse_params, run_calibration
+
+    if model == "llm":
+        from calibration.step_commands import run_step_calibration
+
+        try:
+            run_step_calibration(device=device, dtype=dtype, threads=threads, reps=reps,
+                                 warmup=warmup, seed=seed, params=parse_params(param or []),
+                                 out=out, console=console)
+        except USER_ERRORS as exc:
+            fail(str(exc))
+        return
     try:
         run_calibration(model=model, device=device, dtype=dtype, threads=threads,
                         batch_sizes=batch_sizes, reps=reps, warmup=warmup, seed=seed,

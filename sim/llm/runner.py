@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from calibration.step_profile import load_step_profile
 from sim.build import WORKLOADS, Streams, _knobs
 from sim.llm.core import LlmCore, StepInvariantError
 from sim.llm.metrics import summarize_llm
@@ -27,7 +28,7 @@ from sim.llm.schedulers import (
     StaticScheduler,
     VllmScheduler,
 )
-from sim.llm.step_model import LinearStepModel
+from sim.llm.step_model import LinearStepModel, ProfileStepModel, StepModel
 from sim.llm.tokens import request_tokens
 from sim.rundir import run_meta, write_json
 from sim.workloads import ArrivalSchedule, OpenLoop
@@ -92,9 +93,11 @@ def build_scheduler(scenario: LlmScenario) -> LlmScheduler:
                          prefill_first=cfg.prefill_first)
 
 
-def build_step_model(scenario: LlmScenario) -> LinearStepModel:
+def build_step_model(scenario: LlmScenario) -> StepModel:
     """The step-time model of the scenario's ``service``."""
     s = scenario.service
+    if s.kind == "llm_profile":
+        return ProfileStepModel(load_step_profile(s.path), s.path)
     return LinearStepModel(s.base_ms, s.per_prefill_token_ms, s.per_decode_seq_ms,
                            s.per_kv_token_ms)
 
@@ -121,7 +124,7 @@ def build_llm_core(scenario: LlmScenario) -> LlmCore:
     return LlmCore(schedule.arrival_s, prompt, output, build_scheduler(scenario))
 
 
-def simulate(core: LlmCore, model: LinearStepModel, until_s: float = math.inf) -> float:
+def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf) -> float:
     """Run the core on the step model until every request is done (or ``until_s``); return
     the end time.
     """
@@ -215,6 +218,7 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
                     extra={"kind": "llm", "end_s": end_s, "wall_s": wall_s,
                            "status_counts": counts, "drain_timeout_s": drain_timeout_s,
                            "steps": len(steps), "num_gpu_blocks": num_blocks,
+                           "extrapolated_steps": getattr(model, "extrapolated", 0),
                            "requests_per_wall_s": len(requests) / wall_s if wall_s else None,
                            "tokens_per_wall_s": int(core.token_offset[core.admitted]) / wall_s
                            if wall_s else None})

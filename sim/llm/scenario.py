@@ -1,14 +1,15 @@
 """LLM scenario files: the request-level scenario's arrivals and conventions, with token
 lengths, an iteration-level scheduler and a step-time service.
 
-A scenario is an LLM scenario when its ``service.kind`` starts with ``llm_`` (today:
-``llm_linear``); :func:`is_llm_data` tells, and ``sim.run`` sends it here. Keys (a public contract):
+A scenario is an LLM scenario when its ``service.kind`` is ``llm_linear`` or ``llm_profile``;
+:func:`is_llm_data` tells, and the CLI and the experiment layer send it here. Keys (a
+public contract):
 
 * ``workload``: any open-loop arrival process of the request-level scenarios plus
   ``prompt_tokens`` and ``output_tokens`` (a number, or ``{dist: constant|uniform|lognormal|
   empirical, ...}``), or for a ``trace`` ``prompt_tokens_column``/``output_tokens_column``;
 * ``service``: ``llm_linear`` (``base_ms``, ``per_prefill_token_ms``, ``per_decode_seq_ms``,
-  ``per_kv_token_ms``);
+  ``per_kv_token_ms``) or ``llm_profile`` (``path``: a measured step profile);
 * ``policy``: ``static``, ``continuous``, ``vllm`` or ``sarathi`` with vLLM's knob names;
 * ``slo``: ``ttft_ms`` and/or ``tpot_ms`` (goodput counts requests meeting every one set).
 """
@@ -36,7 +37,7 @@ from sim.scenario import (
     read_scenario_dict,
 )
 
-LLM_SERVICE_KINDS = ("llm_linear",)
+LLM_SERVICE_KINDS = ("llm_linear", "llm_profile")
 
 
 # -- token lengths -----------------------------------------------------------------------------
@@ -144,7 +145,17 @@ class LlmLinearServiceCfg(_Strict):
     per_kv_token_ms: float = Field(0.0, ge=0)
 
 
-LlmServiceCfg = LlmLinearServiceCfg  # a union once measured step profiles join it
+class LlmProfileServiceCfg(_Strict):
+    """A step profile measured on a real decoder (``servelab calibrate --model llm``):
+    interpolated medians on its grid, its linear fit outside it.
+    """
+
+    kind: Literal["llm_profile"]
+    path: str
+
+
+LlmServiceCfg = Annotated[LlmLinearServiceCfg | LlmProfileServiceCfg,
+                          Field(discriminator="kind")]
 
 
 # -- schedulers --------------------------------------------------------------------------------
@@ -258,8 +269,9 @@ class LlmScenario(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
 
 
-_UNIONS: dict[str, Any] = {"workload": LlmWorkloadCfg, "policy": LlmPolicyCfg}
-_SECTIONS: dict[str, type[BaseModel]] = {"slo": LlmSloCfg, "service": LlmLinearServiceCfg}
+_UNIONS: dict[str, Any] = {"service": LlmServiceCfg, "workload": LlmWorkloadCfg,
+                           "policy": LlmPolicyCfg}
+_SECTIONS: dict[str, type[BaseModel]] = {"slo": LlmSloCfg}
 
 
 def is_llm_data(data: Any) -> bool:

@@ -1,0 +1,264 @@
+"""A small Llama-architecture decoder with a preallocated KV cache, run one engine step at a time.
+
+RMSNorm, rotary position embeddings, grouped-query attention through
+``torch.nn.functional.scaled_dot_product_attention`` and a SwiGLU MLP, with random weights
+(latency does not depend on weight values; nothing to download). The KV cache is preallocated
+per slot (``max_slots × max_len`` tokens per layer), so a step never re-pads or copies the
+cache when a sequence joins or leaves, as a padded Hugging Face cache would.
+
+One :meth:`LlamaDecoder.step` runs a step's prefill chunks and decodes together as one
+variable-length batch: every token of the step goes through the projections and the MLP in one
+matrix multiply; attention runs per prefill chunk (causal within the chunk, over its cached
+prefix) and once for all decodes (each over its own cached context, masked to its length).
+
+``torch`` is imported only here and by the runners, never by the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Shape of the decoder (a reduced Llama/Qwen3-like ratio by default).
+
+    Attributes:
+        hidden: Model width.
+        layers: Decoder layers.
+        heads: Query heads.
+        kv_heads: Key/value heads (grouped-query attention: ``heads`` divisible by it).
+        intermediate: MLP width (SwiGLU).
+        vocab: Vocabulary size.
+        max_slots: Sequences the KV cache holds at once.
+        max_len: Tokens per sequence the KV cache holds.
+    """
+
+    hidden: int = 512
+    layers: int = 4
+    heads: int = 8
+    kv_heads: int = 4
+    intermediate: int = 1536
+    vocab: int = 8192
+    max_slots: int = 64
+    max_len: int = 2048
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden // self.heads
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """KV cache bytes per token: 2 × layers × kv_heads × head_dim × dtype bytes."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def check(self) -> DecoderConfig:
+        """Validate the shape; raise ValueError naming the parameter."""
+        for name, value in asdict(self).items():
+            if int(value) != value or value < 1:
+                raise ValueError(f"--param {name}={value}: must be an integer >= 1")
+        if self.hidden % self.heads:
+            raise ValueError(f"--param hidden={self.hidden}: must be divisible by heads "
+                             f"({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"--param heads={self.heads}: must be divisible by kv_heads "
+                             f"({self.kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"--param hidden/heads = {self.head_dim}: the head width must "
+                             "be even (rotary embeddings)")
+        return self
+
+
+SHAPES: dict[str, DecoderConfig] = {
+    # CPU: a reduced Qwen3-0.6B-like ratio (GQA 2:1, MLP 3x hidden)
+    "small": DecoderConfig(),
+    # CUDA, bf16: Llama-3.2-1B-like and Llama-3.1-8B-like
+    "1b": DecoderConfig(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192,
+                        vocab=32000, max_slots=128, max_len=4096),
+    "8b": DecoderConfig(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
+                        vocab=32000, max_slots=64, max_len=4096),
+}
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (x.float() * scale).to(x.dtype) * self.weight
+
+
+class _Layer(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        hd = cfg.head_dim
+        self.norm1 = _RMSNorm(cfg.hidden)
+        self.qkv = nn.Linear(cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * hd, bias=False)
+        self.out = nn.Linear(cfg.heads * hd, cfg.hidden, bias=False)
+        self.norm2 = _RMSNorm(cfg.hidden)
+        self.gate_up = nn.Linear(cfg.hidden, 2 * cfg.intermediate, bias=False)
+        self.down = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    """One sequence's share of a step: ``n_tokens`` new tokens from position ``start``."""
+
+    slot: int
+    start: int
+    n_tokens: int
+
+
+class LlamaDecoder(nn.Module):
+    """The decoder and its KV cache (see the module docstring)."""
+
+    def __init__(self, cfg: DecoderConfig, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+        super().__init__()
+        self.cfg = cfg.check()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.layers = nn.ModuleList(_Layer(cfg) for _ in range(cfg.layers))
+        self.norm = _RMSNorm(cfg.hidden)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.to(device=device, dtype=dtype)
+        self.eval()
+        self.device_name = device
+        # CPU: each decode attends to a view of its own cache (no copy); CUDA: one batched
+        # attention call over the gathered contexts (launch overhead dominates there)
+        self.batched_decode = str(device).startswith("cuda")
+        hd = cfg.head_dim
+        shape = (cfg.layers, cfg.max_slots, cfg.kv_heads, cfg.max_len, hd)
+        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+        inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, device=device).float() / hd))
+        angles = torch.outer(torch.arange(cfg.max_len, device=device).float(), inv)
+        self.cos = angles.cos().to(dtype)
+        self.sin = angles.sin().to(dtype)
+
+    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` [T, heads, hd] by positions ``pos`` [T]."""
+        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+    @torch.inference_mode()
+    def step(self, entries: list[StepEntry], token_ids: torch.Tensor | None = None,
+             return_logits: bool = False) -> torch.Tensor:
+        """Run one engine step; return the next token of every entry (greedy), or with
+        ``return_logits`` the last position's logits of every entry.
+
+        Args:
+            entries: The step's sequences (prefill chunks and decodes).
+            token_ids: The step's input tokens in entry order (default: random ids; latency
+                does not depend on them).
+            return_logits: Return logits instead of tokens.
+
+        Raises:
+            ValueError: an entry does not fit the cache (slot or length).
+        """
+        cfg = self.cfg
+        for e in entries:
+            if not 0 <= e.slot < cfg.max_slots or e.start + e.n_tokens > cfg.max_len \
+                    or e.n_tokens < 1:
+                raise ValueError(f"step entry {e} does not fit the KV cache "
+                                 f"({cfg.max_slots} slots × {cfg.max_len} tokens)")
+        device = self.k_cache.device
+        total = sum(e.n_tokens for e in entries)
+        tokens = token_ids if token_ids is not None else torch.randint(
+            0, cfg.vocab, (total,), device=device)
+        pos = torch.cat([torch.arange(e.start, e.start + e.n_tokens, device=device)
+                         for e in entries])
+        prefills = list(enumerate(entries)) if not self.batched_decode else [
+            (i, e) for i, e in enumerate(entries) if e.n_tokens > 1 or e.start == 0]
+        decodes = [] if not self.batched_decode else [
+            (i, e) for i, e in enumerate(entries) if e.n_tokens == 1 and e.start > 0]
+        offsets = [0]
+        for e in entries:
+            offsets.append(offsets[-1] + e.n_tokens)
+        dec_rows = torch.tensor([offsets[i] for i, _ in decodes], device=device,
+                                dtype=torch.long)
+        dec_slots = torch.tensor([e.slot for _, e in decodes], device=device, dtype=torch.long)
+        dec_len = torch.tensor([e.start + 1 for _, e in decodes], device=device)
+        max_ctx = int(dec_len.max()) if decodes else 0
+        dec_mask = (torch.arange(max_ctx, device=device)[None, :] < dec_len[:, None]) \
+            if decodes else None
+        hd, heads, kvh = cfg.head_dim, cfg.heads, cfg.kv_heads
+        x = self.embed(tokens)
+        for li, layer in enumerate(cast(list[_Layer], list(self.layers))):
+            h = layer.norm1(x)
+            qkv = layer.qkv(h).view(total, heads + 2 * kvh, hd)
+            q = self._rope(qkv[:, :heads], pos)
+            k = self._rope(qkv[:, heads:heads + kvh], pos)
+            v = qkv[:, heads + kvh:]
+            kc, vc = self.k_cache[li], self.v_cache[li]
+            for e, lo in zip(entries, offsets, strict=False):
+                kc[e.slot, :, e.start:e.start + e.n_tokens] = k[lo:lo + e.n_tokens].transpose(0, 1)
+                vc[e.slot, :, e.start:e.start + e.n_tokens] = v[lo:lo + e.n_tokens].transpose(0, 1)
+            attn = torch.empty(total, heads, hd, device=device, dtype=x.dtype)
+            for i, e in prefills:
+                lo, n, end = offsets[i], e.n_tokens, e.start + e.n_tokens
+                qi = q[lo:lo + n].transpose(0, 1)[None]  # [1, heads, n, hd]
+                ki = kc[e.slot, :, :end][None]
+                vi = vc[e.slot, :, :end][None]
+                mask = (torch.arange(end, device=device)[None, :]
+                        <= torch.arange(e.start, end, device=device)[:, None])
+                out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask,
+                                                     enable_gqa=True)
+                attn[lo:lo + n] = out[0].transpose(0, 1)
+            if decodes:
+                qd = q[dec_rows][:, :, None, :]  # [D, heads, 1, hd]
+                kd = kc[dec_slots, :, :max_ctx]  # [D, kv_heads, L, hd]
+                vd = vc[dec_slots, :, :max_ctx]
+                assert dec_mask is not None
+                out = F.scaled_dot_product_attention(qd, kd, vd,
+                                                     attn_mask=dec_mask[:, None, None, :],
+                                                     enable_gqa=True)
+                attn[dec_rows] = out[:, :, 0]
+            x = x + layer.out(attn.reshape(total, heads * hd))
+            gate, up = layer.gate_up(layer.norm2(x)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        last = torch.tensor([offsets[i + 1] - 1 for i in range(len(entries))], device=device)
+        logits: torch.Tensor = self.lm_head(self.norm(x[last]))
+        return logits if return_logits else logits.argmax(-1)
+
+    def describe(self) -> dict[str, Any]:
+        """The shape and parameter count (for profiles)."""
+        params = sum(p.numel() for p in self.parameters())
+        return {"name": "llm", "params": {**asdict(self.cfg)}, "parameters": int(params),
+                "kv_bytes_per_token": self.cfg.kv_bytes_per_token(self.k_cache.element_size()),
+                "architecture": "llama (RMSNorm, RoPE, GQA via SDPA, SwiGLU), random init"}
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """Torch dtype for fp32 / fp16 / bf16."""
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def reference_check(decoder: LlamaDecoder, prompt_len: int = 12) -> float:
+    """Max |difference| between the last token's logits after a whole-prompt prefill and
+    after the same prompt fed as a chunk and then one token per step (the cache's
+    correctness): about 0 when the cache and the positions are right.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, decoder.cfg.vocab, (prompt_len,), generator=gen).to(
+        decoder.k_cache.device)
+    whole = decoder.step([StepEntry(0, 0, prompt_len)], token_ids=ids, return_logits=True)
+    split = prompt_len // 2
+    decoder.step([StepEntry(1, 0, split)], token_ids=ids[:split])
+    last = None
+    for j in range(split, prompt_len):
+        last = decoder.step([StepEntry(1, j, 1)], token_ids=ids[j:j + 1], return_logits=True)
+    assert last is not None
+    return float((whole - last).abs().max())
+
+
+__all__ = ["SHAPES", "DecoderConfig", "LlamaDecoder", "StepEntry", "dtype_of",
+           "reference_check"]

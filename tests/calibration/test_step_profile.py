@@ -1,0 +1,127 @@
+"""LLM step profiles: the decoder's KV cache, measurement, interpolation, the llm_profile
+service and ``servelab calibrate --model llm``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from calibration.step_profile import StepProfile, StepProfileError, load_step_profile
+
+TINY = {"hidden": 64, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 128,
+        "vocab": 256, "max_slots": 40, "max_len": 2048}
+
+
+def synthetic(fn) -> StepProfile:
+    """A profile whose samples are fn(P, D, L) exactly, on a small grid."""
+    ps, ds, ls = [0, 10, 100, 1000], [0, 1, 8, 32], [100, 1000]
+    samples = {}
+    for p in ps:
+        for d in ds:
+            if d == 0:
+                if p:
+                    samples[StepProfile.key(p, 0, ls[0])] = [fn(p, 0, ls[0])] * 3
+                continue
+            for ctx in ls:
+                samples[StepProfile.key(p, d, ctx)] = [fn(p, d, ctx)] * 3
+    return StepProfile(ps, ds, ls, samples)
+
+
+def test_interpolation_reproduces_a_bilinear_cost_and_the_fit_recovers_it() -> None:
+    def cost(p, d, ctx):  # seconds: base + prefill + decode + attention over the context
+        return (2.0 + 0.01 * p + 0.3 * d + 0.0005 * d * ctx) / 1e3
+
+    prof = synthetic(cost)
+    for p, d, ctx in [(55, 0, 100), (10, 5, 400), (500, 20, 777), (0, 3, 150)]:
+        assert prof.step_s(p, d, d * ctx) == pytest.approx(cost(p, d, ctx), rel=1e-9)
+    fit = prof.fit
+    assert fit["a_ms"] == pytest.approx(2.0) and fit["b_ms_per_prefill_token"] == \
+        pytest.approx(0.01)
+    assert fit["c_ms_per_decode_seq"] == pytest.approx(0.3)
+    assert fit["d_ms_per_kv_token"] == pytest.approx(0.0005) and fit["r2"] == pytest.approx(1)
+    # outside the grid: the linear model, flagged by inside()
+    assert not prof.inside(2000, 4, 400)
+    assert prof.step_s(2000, 4, 1600) == pytest.approx(cost(2000, 4, 400), rel=1e-9)
+
+
+def test_profiles_round_trip_and_bad_files_name_the_field(tmp_path) -> None:
+    prof = synthetic(lambda p, d, ctx: (1 + p + d) / 1e3)
+    path = prof.save(tmp_path / "p.json")
+    again = load_step_profile(path)
+    assert again.step_s(50, 4, 400) == pytest.approx(prof.step_s(50, 4, 400))
+    with pytest.raises(StepProfileError, match=r"service\.path: .* not found"):
+        load_step_profile(tmp_path / "nope.json")
+    (tmp_path / "req.json").write_text(json.dumps({"batch_sizes": [1]}))
+    with pytest.raises(StepProfileError, match="not an LLM step profile"):
+        load_step_profile(tmp_path / "req.json")
+    with pytest.raises(StepProfileError, match="unknown builtin step profile"):
+        load_step_profile("builtin:llm-nope")
+
+
+def test_the_decoders_cache_gives_the_same_logits_chunked_or_whole(torch) -> None:
+    from calibration.llm_decoder import DecoderConfig, LlamaDecoder, reference_check
+
+    decoder = LlamaDecoder(DecoderConfig(**TINY))
+    assert reference_check(decoder, prompt_len=12) < 1e-4
+
+
+def test_a_step_runs_prefill_chunks_and_decodes_together(torch) -> None:
+    from calibration.llm_decoder import DecoderConfig, LlamaDecoder, StepEntry
+
+    decoder = LlamaDecoder(DecoderConfig(**TINY))
+    decoder.step([StepEntry(0, 0, 10), StepEntry(1, 0, 5)])
+    out = decoder.step([StepEntry(0, 10, 1), StepEntry(1, 5, 3), StepEntry(2, 0, 7)])
+    assert tuple(out.shape) == (3,)
+    with pytest.raises(ValueError, match="does not fit the KV cache"):
+        decoder.step([StepEntry(0, 2047, 5)])
+
+
+def test_measured_profile_predicts_held_out_steps(torch) -> None:
+    from calibration.step_measure import Grid, build_decoder, measure_steps
+
+    decoder = build_decoder("small", TINY, "cpu", "fp32", 1)
+    grid = Grid((0, 16, 256), (0, 1, 8), (64, 512))
+    held = [(100, 0, 0), (0, 4, 4 * 300), (64, 3, 3 * 100)]
+    prof = measure_steps(decoder, grid, reps=3, warmup=1, held_out=held)
+    assert {len(v) for v in prof.samples_s.values()} == {3}
+    assert len(prof.samples_s) == len(grid.points())
+    rows = prof.meta["held_out"]["rows"]
+    assert [r["prefill_tokens"] for r in rows] == [100, 0, 64]
+    assert prof.meta["method"]["order"] == "shuffled" and prof.meta["threads"] == 1
+    assert np.isfinite(prof.meta["held_out"]["interpolated"]["median"])
+
+
+def test_cli_calibrate_llm_writes_a_profile_the_simulator_uses(tmp_path, torch) -> None:
+    from typer.testing import CliRunner
+
+    import sim.llm
+    from servelab.cli import app
+
+    out = tmp_path / "llm.json"
+    args = ["calibrate", "--model", "llm", "--device", "cpu", "--threads", "1", "--reps", "1",
+            "--warmup", "0", "--out", str(out)]
+    for key, value in TINY.items():
+        args += ["--param", f"{key}={value}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "held-out steps (30)" in result.output
+    data = json.loads(out.read_text())
+    assert data["kind"] == "llm_step_profile" and data["meta"]["model"]["name"] == "llm"
+    run = sim.llm.run({"service": {"kind": "llm_profile", "path": str(out)},
+                       "workload": {"kind": "poisson", "rate_rps": 5, "n_requests": 50,
+                                    "prompt_tokens": 100, "output_tokens": 20},
+                       "policy": {"kind": "vllm", "num_gpu_blocks": 500, "max_num_seqs": 16,
+                                  "max_num_batched_tokens": 512}})
+    assert run.summary["ok"] == 50 and run.summary["ttft_ms"]["p50"] > 0
+    bad = CliRunner().invoke(app, ["calibrate", "--model", "llm", "--param", "shape=70b"])
+    assert bad.exit_code != 0 and "allowed: small, 1b, 8b" in bad.output
+
+
+def test_the_shipped_cpu_step_profile_meets_its_held_out_targets() -> None:
+    prof = load_step_profile("builtin:llm-small-cpu")
+    held = prof.meta["held_out"]["interpolated"]
+    assert held["n"] == 30
+    assert held["median"] <= 0.05 and held["p90"] <= 0.10
