@@ -13,6 +13,7 @@ from rich.markup import escape
 from calibration.errors import UserError
 from calibration.profile import builtin_profiles
 from sim.core import InvariantError, PolicyError
+from sim.llm.scenario import LlmScenario
 from sim.scenario import Scenario, builtin_scenarios
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -372,11 +373,11 @@ def sweep_cmd(
         console.print(f"[yellow]first failure:[/] {first}")
 
 
-def sim_load(scenario: str, overrides: list[str] | None) -> Scenario:
-    """Load and validate a scenario for the experiment commands."""
-    from sim.scenario import load_scenario
+def sim_load(scenario: str, overrides: list[str] | None) -> Scenario | LlmScenario:
+    """Load and validate a scenario (request-level or LLM) for the experiment commands."""
+    from sim.llm import load_any
 
-    return load_scenario(scenario, overrides or None)
+    return load_any(scenario, overrides or None)
 
 
 @app.command("capacity")
@@ -432,7 +433,8 @@ def replicas_cmd(
         return
     cost = answer["cost_per_million_usd"]
     console.print(f"[bold]{answer['replicas']}[/] replicas hold {answer['slo']} at "
-                  f"{target_rps:g} req/s (P99 {answer['latency_ms.p99']:.1f} ms"
+                  f"{target_rps:g} req/s (P99 "
+                  f"{answer.get('latency_ms.p99', answer.get('e2e_ms.p99')):.1f} ms"
                   + (f", {cost:.2f} USD per million requests" if cost else "") + ")")
     console.print(f"tried: {answer['tried']}")
 

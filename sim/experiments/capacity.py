@@ -256,8 +256,9 @@ def replicas_needed(scenario: Scenario | LlmScenario | dict[str, Any] | str | Pa
     price = base.price_per_replica_hour
     throughput = float(rows["throughput_rps"].mean())
     cost = price * hi / 3600 / throughput * 1e6 if price > 0 and throughput > 0 else None
+    p99 = "latency_ms.p99" if "latency_ms.p99" in rows else "e2e_ms.p99"  # LLM: end to end
     return {"replicas": hi, "target_rps": target_rps, "slo": objectives,
             "met": ok, "throughput_rps": throughput,
-            "latency_ms.p99": float(rows["latency_ms.p99"].mean()),
+            p99: float(rows[p99].mean()),
             "cost_per_million_usd": cost,
             "tried": {str(n): bool(v[0]) for n, v in sorted(tried.items())}}

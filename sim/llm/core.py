@@ -33,6 +33,7 @@ class StepInvariantError(RuntimeError):
 class StepLog:
     """Per-step columns (lists, converted to a table at the end)."""
 
+    replica: list[int] = field(default_factory=list)
     start_s: list[float] = field(default_factory=list)
     duration_s: list[float] = field(default_factory=list)
     prefill_tokens: list[int] = field(default_factory=list)
@@ -44,24 +45,37 @@ class StepLog:
     preempted: list[int] = field(default_factory=list)
 
 
+ROUTINGS = ("jsq", "round_robin")
+
+
 class LlmCore:
-    """Requests, a scheduler and the bookkeeping both drivers share.
+    """Requests, one scheduler per replica and the bookkeeping both drivers share.
 
     Args:
         arrival_s: Arrival times (ascending).
         prompt_tokens: Prompt length per request.
         output_tokens: Output length per request (generated to exactly this).
-        scheduler: The scheduler (owns its queues and KV accounting).
+        schedulers: One scheduler per replica (each owns its queues and KV accounting); a
+            single scheduler is one replica.
+        routing: Which replica an arrival joins: ``jsq`` (fewest requests waiting or
+            running, lowest index on ties) or ``round_robin``.
     """
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
-                 output_tokens: np.ndarray, scheduler: LlmScheduler) -> None:
+                 output_tokens: np.ndarray, schedulers: LlmScheduler | list[LlmScheduler],
+                 routing: str = "jsq") -> None:
         n = arrival_s.size
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens.astype(np.int64)
         self.output_tokens = output_tokens.astype(np.int64)
-        self.scheduler = scheduler
-        self.limits = scheduler.limits
+        self.schedulers = schedulers if isinstance(schedulers, list) else [schedulers]
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing {routing!r}: allowed: {', '.join(ROUTINGS)}")
+        self.routing = routing
+        self._next_rr = 0
+        self.scheduler = self.schedulers[0]
+        self.limits = self.scheduler.limits
+        self.replica = np.full(n, -1, dtype=np.int64)
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
         self.status = np.full(n, QUEUED, dtype=object)
@@ -71,8 +85,10 @@ class LlmCore:
         self.token_offset = np.concatenate(([0], np.cumsum(self.output_tokens)))
         self.token_s = np.full(int(self.token_offset[-1]), np.nan)
         self.steps = StepLog()
-        self.queue_time_s: list[float] = [0.0]
-        self.queue_len: list[int] = [0]
+        self.queue_time_s: list[float] = [0.0] * len(self.schedulers)
+        self.queue_len: list[int] = [0] * len(self.schedulers)
+        self.queue_replica: list[int] = list(range(len(self.schedulers)))
+        self._outstanding = [0] * len(self.schedulers)
         self.admitted = 0
         self._seqs: list[Seq | None] = [None] * n
 
@@ -82,15 +98,29 @@ class LlmCore:
         return float(self.arrival_s[self.admitted]) if self.admitted < self.arrival_s.size \
             else math.inf
 
+    def _route(self) -> int:
+        if len(self.schedulers) == 1:
+            return 0
+        if self.routing == "round_robin":
+            r = self._next_rr
+            self._next_rr = (r + 1) % len(self.schedulers)
+            return r
+        loads = self._outstanding
+        return loads.index(min(loads))
+
     def admit_until(self, now_s: float) -> None:
-        """Hand every request that arrived by ``now_s`` to the scheduler (or reject it)."""
-        sched = self.scheduler
-        changed = False
+        """Hand every request that arrived by ``now_s`` to a replica's scheduler (or reject
+        it); the router sees the replicas' loads at that moment.
+        """
+        touched: set[int] = set()
         while self.admitted < self.arrival_s.size and self.arrival_s[self.admitted] <= now_s:
             i = self.admitted
             seq = Seq(i, float(self.arrival_s[i]), int(self.prompt_tokens[i]),
                       int(self.output_tokens[i]))
             self.admitted += 1
+            r = self._route()
+            sched = self.schedulers[r]
+            self.replica[i] = r
             why = sched.refuse(seq)
             if why is not None:
                 self.status[i], self.reason[i] = REJECTED, why
@@ -98,46 +128,47 @@ class LlmCore:
                 continue
             self._seqs[i] = seq
             sched.add(seq)
-            changed = True
-        if changed:
-            self._record_queue(now_s)
+            self._outstanding[r] += 1
+            touched.add(r)
+        for r in touched:
+            self._record_queue(r, now_s)
 
-    def _record_queue(self, now_s: float) -> None:
+    def _record_queue(self, replica: int, now_s: float) -> None:
         self.queue_time_s.append(now_s)
-        self.queue_len.append(self.scheduler.queued())
+        self.queue_len.append(self.schedulers[replica].queued())
+        self.queue_replica.append(replica)
 
     # -- steps -------------------------------------------------------------------------------
-    def plan(self, now_s: float) -> tuple[StepPlan, Composition | None]:
-        """The next step's plan and composition (None when there is nothing to compute)."""
-        plan = self.scheduler.schedule(now_s)
+    def plan(self, now_s: float, replica: int = 0) -> tuple[StepPlan, Composition | None]:
+        """A replica's next step: plan and composition (None when there is nothing to do)."""
+        plan = self.schedulers[replica].schedule(now_s)
         if plan.empty:
             return plan, None
-        self._check(plan)
+        self._check(plan, self.schedulers[replica])
         return plan, composition(plan)
 
-    def _check(self, plan: StepPlan) -> None:
+    def _check(self, plan: StepPlan, sched: LlmScheduler) -> None:
         lim = self.limits
         seqs = len(plan.entries) + plan.padding_seqs
         tokens = sum(n for _, n in plan.entries)
         if seqs > lim.max_num_seqs:
-            raise StepInvariantError(f"{self.scheduler!r} planned {seqs} sequences, above "
+            raise StepInvariantError(f"{sched!r} planned {seqs} sequences, above "
                                      f"max_num_seqs {lim.max_num_seqs}")
         if tokens > lim.max_num_batched_tokens:
-            raise StepInvariantError(f"{self.scheduler!r} planned {tokens} tokens, above "
+            raise StepInvariantError(f"{sched!r} planned {tokens} tokens, above "
                                      f"max_num_batched_tokens {lim.max_num_batched_tokens}")
-        if lim.num_blocks is not None and self.scheduler.kv_used_blocks() > lim.num_blocks:
-            raise StepInvariantError(f"{self.scheduler!r} holds "
-                                     f"{self.scheduler.kv_used_blocks()} KV blocks of "
+        if lim.num_blocks is not None and sched.kv_used_blocks() > lim.num_blocks:
+            raise StepInvariantError(f"{sched!r} holds {sched.kv_used_blocks()} KV blocks of "
                                      f"{lim.num_blocks}")
         for seq, n in plan.entries:
             if n < 1 or n > seq.remaining:
-                raise StepInvariantError(f"{self.scheduler!r} planned {n} tokens for request "
+                raise StepInvariantError(f"{sched!r} planned {n} tokens for request "
                                          f"{seq.id}, which needs {seq.remaining}")
 
     def complete(self, plan: StepPlan, comp: Composition, start_s: float,
-                 end_s: float) -> None:
-        """The step ran from ``start_s`` to ``end_s``: advance its sequences, record tokens,
-        free the finished.
+                 end_s: float, replica: int = 0) -> None:
+        """A replica's step ran from ``start_s`` to ``end_s``: advance its sequences, record
+        tokens, free the finished.
         """
         done: list[Seq] = []
         offset, token_s = self.token_offset, self.token_s
@@ -157,18 +188,21 @@ class LlmCore:
                     self.preemptions[i] = seq.preemptions
                     self.work_tokens[i] = seq.work
                     done.append(seq)
-        self.scheduler.finished(done)
+        sched = self.schedulers[replica]
+        sched.finished(done)
+        self._outstanding[replica] -= len(done)
         log = self.steps
+        log.replica.append(replica)
         log.start_s.append(start_s)
         log.duration_s.append(end_s - start_s)
         log.prefill_tokens.append(comp.prefill_tokens)
         log.decode_seqs.append(comp.decode_seqs)
         log.kv_tokens.append(comp.kv_tokens)
         log.num_seqs.append(len(plan.entries) + plan.padding_seqs)
-        log.kv_blocks_used.append(self.scheduler.kv_used_blocks())
-        log.waiting.append(self.scheduler.queued())
+        log.kv_blocks_used.append(sched.kv_used_blocks())
+        log.waiting.append(sched.queued())
         log.preempted.append(len(plan.preempted))
-        self._record_queue(end_s)
+        self._record_queue(replica, end_s)
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> dict[str, int]:

@@ -51,7 +51,8 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
                   steps: pd.DataFrame, queue: pd.DataFrame, *, warmup_s: float,
                   horizon_s: float, end_s: float, num_blocks: int | None,
                   ttft_slo_ms: float | None, tpot_slo_ms: float | None,
-                  driver: str) -> dict[str, Any]:
+                  driver: str, replicas: int = 1,
+                  price_per_replica_hour: float = 0.0) -> dict[str, Any]:
     """The summary of an LLM run (keys in the README's LLM metrics table)."""
     lo, hi = warmup_s, horizon_s
     span = max(hi - lo, 0.0)
@@ -91,14 +92,18 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
     busy = float(np.sum(np.clip(np.minimum(steps["start_s"] + steps["duration_s"], hi)
                                 - np.maximum(steps["start_s"], lo), 0, None))) if len(steps) \
         else 0.0
-    utilization = busy / span if span > 0 else math.nan
+    utilization = busy / span / replicas if span > 0 else math.nan
     win_steps = steps[(steps["start_s"] >= lo) & (steps["start_s"] < hi)]
+    kv_mean = kv_max = math.nan
     if num_blocks and len(steps):
-        kv_mean, kv_max = _weighted_mean_max(
-            (steps["start_s"] + steps["duration_s"]).to_numpy(),
-            steps["kv_blocks_used"].to_numpy() / num_blocks, lo, hi)
-    else:
-        kv_mean = kv_max = math.nan
+        means, maxes = [], []
+        for r in range(replicas):
+            mine = steps[steps["replica"] == r]
+            m, x = _weighted_mean_max((mine["start_s"] + mine["duration_s"]).to_numpy(),
+                                      mine["kv_blocks_used"].to_numpy() / num_blocks, lo, hi)
+            means.append(0.0 if math.isnan(m) else m)
+            maxes.append(0.0 if math.isnan(x) else x)
+        kv_mean, kv_max = float(np.mean(means)), float(np.max(maxes))
     trend = queue_trend(queue, lo, hi)
     offered = arrivals * per_s
     # an engine steps back to back while any sequence runs, so busy time says little about
@@ -145,5 +150,9 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
         "utilization": utilization,
         "queue_len": queue_length_stats(queue, lo, hi),
         "stability": stability,
+        "replicas": replicas,
+        "cost_per_million_usd": (price_per_replica_hour * replicas / 3600
+                                 / (float(completed.sum()) * per_s) * 1e6)
+        if price_per_replica_hour > 0 and completed.sum() else None,
         "end_s": end_s,
     }

@@ -119,33 +119,51 @@ def llm_schedule(scenario: LlmScenario) -> tuple[ArrivalSchedule, np.ndarray, np
 
 
 def build_llm_core(scenario: LlmScenario) -> LlmCore:
-    """The engine core with the scenario's requests and scheduler (shared with live)."""
+    """The engine core with the scenario's requests and one scheduler per replica (shared
+    with live).
+    """
     schedule, prompt, output = llm_schedule(scenario)
-    return LlmCore(schedule.arrival_s, prompt, output, build_scheduler(scenario))
+    return LlmCore(schedule.arrival_s, prompt, output,
+                   [build_scheduler(scenario) for _ in range(scenario.replicas)],
+                   routing=scenario.routing)
 
 
 def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf) -> float:
-    """Run the core on the step model until every request is done (or ``until_s``); return
-    the end time.
+    """Run the core's replicas on the step model until every request is done (or
+    ``until_s``); return the end time.
+
+    Events in time order: steps ending (their tokens are recorded), arrivals (routed to a
+    replica), schedulers' timers. After each, every replica not in a step plans its next one.
     """
+    n = len(core.schedulers)
+    running: list[tuple[Any, Any, float, float] | None] = [None] * n
+    wake = [math.inf] * n
     now = 0.0
     while True:
+        for r in range(n):
+            step = running[r]
+            if step is not None and step[3] <= now:
+                core.complete(step[0], step[1], step[2], step[3], r)
+                running[r] = None
         core.admit_until(now)
-        plan, comp = core.plan(now)
-        if comp is not None:
-            end = now + model.step_s(comp)
-            core.complete(plan, comp, now, end)
-            now = end
-            if now >= until_s:
-                return now
-            continue
-        if plan.wake_at_s is None and core.scheduler.has_work() and not plan.preempted:
-            raise StepInvariantError(f"{core.scheduler!r} has work but planned nothing and "
-                                     "set no timer: it would never finish")
-        nxt = min(core.next_arrival_s(), plan.wake_at_s if plan.wake_at_s is not None
-                  else math.inf)
-        if nxt == math.inf or nxt >= until_s:
-            return now if nxt == math.inf else until_s
+        for r in range(n):
+            if running[r] is None:
+                plan, comp = core.plan(now, r)
+                if comp is not None:
+                    running[r] = (plan, comp, now, now + model.step_s(comp))
+                    wake[r] = math.inf
+                    continue
+                wake[r] = plan.wake_at_s if plan.wake_at_s is not None else math.inf
+                if plan.wake_at_s is None and core.schedulers[r].has_work() \
+                        and not plan.preempted:
+                    raise StepInvariantError(f"{core.schedulers[r]!r} has work but planned "
+                                             "nothing and set no timer: it would never finish")
+        ends = [s[3] for s in running if s is not None]
+        nxt = min([core.next_arrival_s(), *wake, *ends])
+        if nxt == math.inf:
+            return now
+        if nxt >= until_s:  # stop: steps still running are not recorded (censored)
+            return max(now, until_s) if ends or core.next_arrival_s() < math.inf else now
         now = max(now, nxt)
 
 
@@ -161,7 +179,7 @@ def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.
     """The requests, steps, tokens and queue tables of a finished core."""
     n = core.admitted
     requests = pd.DataFrame({
-        "id": np.arange(n), "arrival_s": core.arrival_s[:n],
+        "id": np.arange(n), "replica": core.replica[:n], "arrival_s": core.arrival_s[:n],
         "prompt_tokens": core.prompt_tokens[:n], "output_tokens": core.output_tokens[:n],
         "first_token_s": core.first_token_s[:n], "finish_s": core.finish_s[:n],
         "status": pd.Categorical(core.status[:n].astype(str)),
@@ -177,7 +195,7 @@ def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.
         "index": (np.arange(end) - np.repeat(core.token_offset[:n], counts)).astype(np.int32),
         "time_s": core.token_s[:end]})
     queue = pd.DataFrame({"time_s": np.asarray(core.queue_time_s),
-                          "queue": np.zeros(len(core.queue_len), dtype=np.int32),
+                          "queue": np.asarray(core.queue_replica, dtype=np.int32),
                           "length": np.asarray(core.queue_len, dtype=np.int64)})
     return requests, steps, tokens, queue
 
@@ -211,7 +229,9 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
     summary = summarize_llm(requests, core.token_s, core.token_offset, steps, queue,
                             warmup_s=scn.warmup_s, horizon_s=horizon, end_s=end_s,
                             num_blocks=num_blocks, ttft_slo_ms=scn.slo.ttft_ms,
-                            tpot_slo_ms=scn.slo.tpot_ms, driver="sim")
+                            tpot_slo_ms=scn.slo.tpot_ms, driver="sim",
+                            replicas=scn.replicas,
+                            price_per_replica_hour=scn.price_per_replica_hour)
     meta = run_meta(scn, driver="sim", device={"kind": "simulated",  # type: ignore[arg-type]
                                                "service": repr(model),
                                                "scheduler": repr(core.scheduler)},

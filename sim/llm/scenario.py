@@ -253,7 +253,8 @@ class LlmScenario(_Strict):
     policy: LlmPolicyCfg
     warmup_s: float = Field(0.0, ge=0)
     slo: LlmSloCfg = Field(default_factory=LlmSloCfg)
-    replicas: int = Field(1, ge=1, le=1)
+    replicas: int = Field(1, ge=1, le=4096)
+    routing: Literal["jsq", "round_robin"] = "jsq"
     price_per_replica_hour: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")

@@ -243,7 +243,8 @@ def test_goodput_needs_an_slo_and_counts_requests_meeting_both() -> None:
     ({"slo": {"ttft": 5}}, "slo.ttft: unknown key"),
     ({"policy": {"kind": "vllm", "num_gpu_blocks": 10, "max_num_seqs": 64,
                  "max_num_batched_tokens": 32}}, "is below max_num_seqs 64"),
-    ({"replicas": 2}, "replicas"),
+    ({"replicas": 0}, "replicas"),
+    ({"routing": "shared"}, "routing"),
 ])
 def test_bad_llm_input_is_one_line_naming_the_field(change: dict[str, Any], text: str) -> None:
     with pytest.raises(sim.ScenarioError.__mro__[1]) as info:
@@ -341,3 +342,90 @@ def test_capacity_finds_the_rate_holding_ttft_and_tpot_slos() -> None:
                  seeds=2, workers=1)
     at, past = rows.groupby("workload.rate_rps")["ttft_ms.p99"].mean().to_numpy()
     assert at <= 500 < past
+
+
+def test_round_robin_replicas_are_independent_engines() -> None:
+    from sim.llm.core import LlmCore
+    from sim.llm.runner import build_scheduler, build_step_model, simulate
+    from sim.llm.scenario import load_llm_scenario
+
+    cfg = scenario(prompt={"dist": "uniform", "low": 20, "high": 600},
+                   output={"dist": "uniform", "low": 5, "high": 80},
+                   policy={"kind": "vllm", "num_gpu_blocks": 300, "max_num_seqs": 8,
+                           "max_num_batched_tokens": 256}, kv_ms=0.001)
+    cfg["workload"] = {**cfg["workload"], "kind": "poisson", "rate_rps": 40,
+                       "n_requests": 200}
+    fleet = run({**cfg, "replicas": 2, "routing": "round_robin"})
+    req = fleet.requests
+    assert (req["replica"] == req["id"] % 2).all()
+    scn = load_llm_scenario(cfg)
+    for r in (0, 1):
+        mine = req[req["replica"] == r]
+        alone = LlmCore(mine["arrival_s"].to_numpy(), mine["prompt_tokens"].to_numpy(),
+                        mine["output_tokens"].to_numpy(), build_scheduler(scn))
+        simulate(alone, build_step_model(scn))
+        assert alone.finish_s == pytest.approx(mine["finish_s"].to_numpy(), abs=1e-12)
+    assert set(fleet.steps["replica"]) == {0, 1}
+
+
+def test_jsq_routing_beats_round_robin_on_skewed_requests() -> None:
+    cfg = scenario(prompt={"dist": "lognormal", "mean": 300, "cv": 2.0, "max": 4000},
+                   output={"dist": "lognormal", "mean": 60, "cv": 2.0, "max": 1000},
+                   policy={"kind": "vllm", "num_gpu_blocks": 2000, "max_num_seqs": 16,
+                           "max_num_batched_tokens": 512})
+    cfg["workload"] = {**cfg["workload"], "kind": "poisson", "rate_rps": 25,
+                       "n_requests": 1500}
+    jsq = run({**cfg, "replicas": 4, "routing": "jsq"}).summary
+    rr = run({**cfg, "replicas": 4, "routing": "round_robin"}).summary
+    assert jsq["e2e_ms"]["p99"] < rr["e2e_ms"]["p99"]
+    assert jsq["ttft_ms"]["p99"] < rr["ttft_ms"]["p99"]
+
+
+def test_replicas_needed_finds_the_fewest_engines_holding_the_slo() -> None:
+    from sim.experiments import replicas_needed
+
+    cfg = scenario(prompt={"dist": "uniform", "low": 50, "high": 400},
+                   output={"dist": "uniform", "low": 10, "high": 100},
+                   policy={"kind": "vllm", "num_gpu_blocks": 4000, "max_num_seqs": 32,
+                           "max_num_batched_tokens": 512}, price_per_replica_hour=2.0)
+    cfg["workload"] = {**cfg["workload"], "kind": "poisson", "rate_rps": 5.0,
+                       "duration_s": 60, "n_requests": None}
+    cfg["workload"].pop("n_requests")
+    cfg["warmup_s"] = 5
+    answer = replicas_needed(cfg, 20.0, {"ttft_p99_ms": 500}, seeds=2, workers=1)
+    n = answer["replicas"]
+    assert n >= 2 and answer["met"] and answer["tried"][str(n)]
+    assert not answer["tried"].get(str(n - 1), False)
+    assert answer["cost_per_million_usd"] > 0
+
+
+def test_the_experiment_commands_take_llm_scenarios(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+
+    small = ["--set", "workload.n_requests=300", "--set", "warmup_s=0"]
+    swept = CliRunner().invoke(app, ["sweep", "builtin:llm-demo", *small, "--grid",
+                                     "policy.max_num_batched_tokens=512,4096", "--seeds", "1",
+                                     "--workers", "1", "--out", str(tmp_path / "sw")])
+    assert swept.exit_code == 0, swept.output
+    import pandas as pd
+
+    rows = pd.read_parquet(tmp_path / "sw" / "results.parquet")
+    assert list(rows["policy.max_num_batched_tokens"]) == [512, 4096]
+    assert (rows["error"] == "").all() and rows["ttft_ms.p99"].notna().all()
+    import yaml
+
+    cfg = scenario(prompt={"dist": "uniform", "low": 50, "high": 400}, output=50,
+                   policy={"kind": "vllm", "num_gpu_blocks": 4000, "max_num_seqs": 32,
+                           "max_num_batched_tokens": 512})
+    cfg["workload"] = {**cfg["workload"], "kind": "poisson", "n_requests": 400}
+    path = tmp_path / "llm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    needed = CliRunner().invoke(app, ["replicas", str(path), "--target-rps", "20", "--slo",
+                                      "ttft_p99_ms=300", "--seeds", "1"])
+    assert needed.exit_code == 0, needed.output
+    assert "replicas hold" in needed.output
+    trace = CliRunner().invoke(app, ["replicas", "builtin:llm-demo", "--target-rps", "5",
+                                     "--slo", "ttft_p99_ms=300"])
+    assert trace.exit_code == 2 and "workload.rate_rps: unknown key" in trace.output
