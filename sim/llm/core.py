@@ -63,11 +63,13 @@ class LlmCore:
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
                  output_tokens: np.ndarray, schedulers: LlmScheduler | list[LlmScheduler],
-                 routing: str = "jsq") -> None:
+                 routing: str = "jsq", priority: np.ndarray | None = None) -> None:
         n = arrival_s.size
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens.astype(np.int64)
         self.output_tokens = output_tokens.astype(np.int64)
+        self.priority = (np.zeros(n, dtype=np.int64) if priority is None
+                         else priority.astype(np.int64))
         self.schedulers = schedulers if isinstance(schedulers, list) else [schedulers]
         if routing not in ROUTINGS:
             raise ValueError(f"routing {routing!r}: allowed: {', '.join(ROUTINGS)}")
@@ -116,7 +118,7 @@ class LlmCore:
         while self.admitted < self.arrival_s.size and self.arrival_s[self.admitted] <= now_s:
             i = self.admitted
             seq = Seq(i, float(self.arrival_s[i]), int(self.prompt_tokens[i]),
-                      int(self.output_tokens[i]))
+                      int(self.output_tokens[i]), int(self.priority[i]))
             self.admitted += 1
             r = self._route()
             sched = self.schedulers[r]

@@ -64,6 +64,7 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
     first = requests["first_token_s"].to_numpy()
     finish = requests["finish_s"].to_numpy()
     out_tokens = requests["output_tokens"].to_numpy()
+    prio = requests["priority"].to_numpy() if "priority" in requests else np.zeros(len(requests))
     ttft = (first - arrival)[ok]
     e2e = (finish - arrival)[ok]
     multi = ok & (out_tokens > 1)
@@ -150,6 +151,10 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
         "utilization": utilization,
         "queue_len": queue_length_stats(queue, lo, hi),
         "stability": stability,
+        "priorities": {str(level): {"requests": int(((prio == level) & inwin).sum()),
+                                    "ttft_ms": _stats_ms((first - arrival)[ok & (prio == level)]),
+                                    "e2e_ms": _stats_ms((finish - arrival)[ok & (prio == level)])}
+                       for level in np.unique(prio)} if np.unique(prio).size > 1 else {},
         "replicas": replicas,
         "cost_per_million_usd": (price_per_replica_hour * replicas / 3600
                                  / (float(completed.sum()) * per_s) * 1e6)

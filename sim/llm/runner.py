@@ -90,7 +90,8 @@ def build_scheduler(scenario: LlmScenario) -> LlmScheduler:
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          enable_chunked_prefill=cfg.enable_chunked_prefill,
                          long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-                         prefill_first=cfg.prefill_first)
+                         prefill_first=cfg.prefill_first,
+                         scheduling_policy=cfg.scheduling_policy)
 
 
 def build_step_model(scenario: LlmScenario) -> StepModel:
@@ -125,7 +126,7 @@ def build_llm_core(scenario: LlmScenario) -> LlmCore:
     schedule, prompt, output = llm_schedule(scenario)
     return LlmCore(schedule.arrival_s, prompt, output,
                    [build_scheduler(scenario) for _ in range(scenario.replicas)],
-                   routing=scenario.routing)
+                   routing=scenario.routing, priority=schedule.priority)
 
 
 def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf) -> float:
@@ -179,7 +180,8 @@ def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.
     """The requests, steps, tokens and queue tables of a finished core."""
     n = core.admitted
     requests = pd.DataFrame({
-        "id": np.arange(n), "replica": core.replica[:n], "arrival_s": core.arrival_s[:n],
+        "id": np.arange(n), "replica": core.replica[:n], "priority": core.priority[:n],
+        "arrival_s": core.arrival_s[:n],
         "prompt_tokens": core.prompt_tokens[:n], "output_tokens": core.output_tokens[:n],
         "first_token_s": core.first_token_s[:n], "finish_s": core.finish_s[:n],
         "status": pd.Categorical(core.status[:n].astype(str)),

@@ -221,6 +221,7 @@ class VllmPolicyCfg(_BudgetCfg):
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = Field(0, ge=0)
     prefill_first: bool = False
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
 
 
 class SarathiPolicyCfg(_BudgetCfg):

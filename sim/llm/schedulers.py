@@ -13,7 +13,10 @@ with the sequences that produced their last token.
   preempted (recompute: its blocks are freed, its progress reset, and it goes to the front of
   the waiting queue). Waiting requests are admitted in arrival order only if nothing was
   preempted in this step, while the budget, ``max_num_seqs`` and the blocks allow; without
-  chunked prefill a prompt that does not fit the remaining budget waits. ``prefill_first``
+  chunked prefill a prompt that does not fit the remaining budget waits. With
+  ``scheduling_policy: priority`` the waiting queue is ordered by (priority, arrival), level 0
+  first, and the preemption victim is the running request of the lowest priority (latest
+  arrival among equals), as in vLLM's priority policy. ``prefill_first``
   gives vLLM V0's default instead (what Vidur models): a step is prefill-only whenever a
   waiting prompt fits, otherwise every running request decodes.
 * :class:`SarathiScheduler`: Sarathi-Serve. Decodes first, then the running prefills' chunks,
@@ -28,6 +31,7 @@ with the sequences that produced their last token.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -68,14 +72,47 @@ class Limits:
     num_blocks: int | None
 
 
-class VllmScheduler:
+class _Queues:
+    """A waiting queue (arrival order) and the running requests."""
+
+    waiting: deque[Seq]
+    running: list[Seq]
+
+    priority: bool = False
+
+    def add(self, seq: Seq) -> None:
+        """A new request joins the waiting queue (by (priority, arrival) under the priority
+        policy, level 0 first; at the back otherwise).
+        """
+        if self.priority and self.waiting and (seq.priority, seq.arrival_s) < (
+                self.waiting[-1].priority, self.waiting[-1].arrival_s):
+            keys = [(s.priority, s.arrival_s) for s in self.waiting]
+            self.waiting.insert(bisect.bisect_right(keys, (seq.priority, seq.arrival_s)), seq)
+            return
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        """Anything waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def queued(self) -> int:
+        """Requests waiting (not running)."""
+        return len(self.waiting)
+
+
+class VllmScheduler(_Queues):
     """vLLM V1's scheduler (``prefill_first``: V0's default). See the module docstring."""
 
     name = "vllm"
 
     def __init__(self, *, num_blocks: int, block_size: int = 16, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
-                 long_prefill_token_threshold: int = 0, prefill_first: bool = False) -> None:
+                 long_prefill_token_threshold: int = 0, prefill_first: bool = False,
+                 scheduling_policy: str = "fcfs") -> None:
+        if scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy.scheduling_policy {scheduling_policy!r}: allowed: fcfs, "
+                             "priority")
+        self.priority = scheduling_policy == "priority"
         self.kv = BlockManager(num_blocks, block_size)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -106,18 +143,6 @@ class VllmScheduler:
             return "prompt_exceeds_max_num_batched_tokens"
         return None
 
-    def add(self, seq: Seq) -> None:
-        """A new request joins the waiting queue."""
-        self.waiting.append(seq)
-
-    def has_work(self) -> bool:
-        """Anything waiting or running."""
-        return bool(self.waiting or self.running)
-
-    def queued(self) -> int:
-        """Requests waiting (not running)."""
-        return len(self.waiting)
-
     def kv_used_blocks(self) -> int:
         """KV blocks held."""
         return self.kv.used
@@ -127,11 +152,18 @@ class VllmScheduler:
         return self.threshold if 0 < self.threshold < n else n
 
     def _preempt(self, plan: StepPlan) -> Seq:
-        victim = self.running.pop()
+        if self.priority:  # the lowest priority (highest level), latest arrival among them
+            victim = max(self.running, key=lambda s: (s.priority, s.arrival_s))
+            self.running.remove(victim)
+        else:  # FCFS: the most recently admitted
+            victim = self.running.pop()
         self.kv.release(victim)
         victim.computed = 0
         victim.preemptions += 1
-        self.waiting.appendleft(victim)
+        if self.priority:
+            self.add(victim)
+        else:
+            self.waiting.appendleft(victim)
         plan.preempted.append(victim)
         return victim
 
@@ -248,7 +280,7 @@ class SarathiScheduler(VllmScheduler):
         return decodes + [s for s in self.running if not s.decoding]
 
 
-class ContinuousScheduler:
+class ContinuousScheduler(_Queues):
     """Orca's iteration-level scheduling with KV reserved for prompt + output up front."""
 
     name = "continuous"
@@ -284,18 +316,6 @@ class ContinuousScheduler:
         if seq.prompt > self.max_num_batched_tokens:
             return "prompt_exceeds_max_num_batched_tokens"
         return None
-
-    def add(self, seq: Seq) -> None:
-        """A new request joins the waiting queue."""
-        self.waiting.append(seq)
-
-    def has_work(self) -> bool:
-        """Anything waiting or running."""
-        return bool(self.waiting or self.running)
-
-    def queued(self) -> int:
-        """Requests waiting."""
-        return len(self.waiting)
 
     def kv_used_blocks(self) -> int:
         """KV blocks reserved."""

@@ -429,3 +429,23 @@ def test_the_experiment_commands_take_llm_scenarios(tmp_path) -> None:
     trace = CliRunner().invoke(app, ["replicas", "builtin:llm-demo", "--target-rps", "5",
                                      "--slo", "ttft_p99_ms=300"])
     assert trace.exit_code == 2 and "workload.rate_rps: unknown key" in trace.output
+
+
+def test_the_priority_policy_serves_level_0_first_and_preempts_the_lowest() -> None:
+    cfg = scenario(prompt={"dist": "uniform", "low": 100, "high": 800},
+                   output={"dist": "uniform", "low": 20, "high": 200},
+                   policy={"kind": "vllm", "num_gpu_blocks": 300, "max_num_seqs": 16,
+                           "max_num_batched_tokens": 512})
+    # a cache of 300 blocks (4,800 tokens) for requests of up to 1,000: preemptions galore
+    cfg["workload"] = {**cfg["workload"], "kind": "poisson", "rate_rps": 4,
+                       "n_requests": 600, "priority_mix": [0.3, 0.7]}
+    fcfs = run(cfg).summary["priorities"]
+    prio = run({**cfg, "policy": {**cfg["policy"], "scheduling_policy": "priority"}})
+    by = prio.summary["priorities"]
+    assert by["0"]["ttft_ms"]["p99"] < 0.5 * by["1"]["ttft_ms"]["p99"]
+    assert by["0"]["ttft_ms"]["p99"] < fcfs["0"]["ttft_ms"]["p99"]
+    req = prio.requests
+    # preemption takes the lowest priority first: level 0 is preempted less often
+    rate0 = req.loc[req["priority"] == 0, "preemptions"].mean()
+    rate1 = req.loc[req["priority"] == 1, "preemptions"].mean()
+    assert rate1 > rate0
