@@ -125,3 +125,21 @@ def test_the_shipped_cpu_step_profile_meets_its_held_out_targets() -> None:
     held = prof.meta["held_out"]["interpolated"]
     assert held["n"] == 30
     assert held["median"] <= 0.05 and held["p90"] <= 0.10
+
+
+def test_the_batched_decode_path_used_on_cuda_computes_the_same_logits(torch) -> None:
+    from calibration.llm_decoder import DecoderConfig, LlamaDecoder, StepEntry
+
+    def run(batched: bool):
+        decoder = LlamaDecoder(DecoderConfig(**TINY), seed=3)
+        decoder.batched_decode = batched
+        gen = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (9, 4, 13)]
+        decoder.step([StepEntry(i, 0, p.numel()) for i, p in enumerate(prompts)],
+                     token_ids=torch.cat(prompts))
+        nxt = torch.randint(0, 256, (4,), generator=gen)
+        entries = [StepEntry(0, 9, 1), StepEntry(1, 4, 1), StepEntry(2, 13, 1),
+                   StepEntry(3, 0, 1)]
+        return decoder.step(entries, token_ids=nxt, return_logits=True)
+
+    assert torch.allclose(run(True), run(False), atol=1e-5)

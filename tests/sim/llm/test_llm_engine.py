@@ -188,6 +188,13 @@ def test_the_azure_trace_columns_work_as_they_are() -> None:
     assert req["prompt_tokens"].iloc[:2].tolist() == [374, 396]
     assert req["output_tokens"].iloc[:2].tolist() == [44, 109]
     assert result.summary["ok"] == 300
+    from tests.conftest import SHARED_DATA
+
+    original = SHARED_DATA / "azure_llm_2023_conv.csv"
+    if original.exists():  # the public file as published, not only the shipped copy
+        again = run("builtin:llm-demo", overrides={"workload.n_requests": 300, "warmup_s": 0,
+                                                   "workload.path": str(original)})
+        assert again.requests["prompt_tokens"].equals(req["prompt_tokens"])
 
 
 def test_throughput_counts_completions_when_a_backlog_remains_at_the_horizon() -> None:
