@@ -89,9 +89,10 @@ class StepProfile:
         return f"{p},{d},{ctx}"
 
     def inside(self, p: float, d: float, ctx: float) -> bool:
-        """Whether a composition lies within the measured grid."""
-        return (p <= self._p[-1] and d <= self._d[-1]
-                and (d == 0 or self._l[0] <= ctx <= self._l[-1]))
+        """Whether a composition lies within the measured grid (contexts shorter than the
+        grid's shortest count as that one: attention over them costs no more).
+        """
+        return p <= self._p[-1] and d <= self._d[-1] and (d == 0 or ctx <= self._l[-1])
 
     def step_s(self, p: float, d: float, kv_tokens: float) -> float:
         """Predicted seconds of a step with ``p`` prefill tokens and ``d`` decodes attending

@@ -177,9 +177,18 @@ def live_cmd(
 ) -> None:
     """Run SCENARIO in real time against the real model (same policies and schedule as sim)."""
     from executor.run import live
+    from sim.llm import is_llm_source
 
     if on_interrupt not in ("drain", "abandon"):
         fail(f"--on-interrupt {on_interrupt!r}: allowed: drain, abandon")
+    try:
+        llm = is_llm_source(scenario)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    if llm:
+        _live_llm(scenario, out, set_, on_interrupt, drain_timeout_s, max_wall_s, force)
+        return
     try:
         result = live(scenario, overrides=set_ or None, handle_sigint=True,
                       stop_mode=on_interrupt, drain_timeout_s=drain_timeout_s,
@@ -212,6 +221,35 @@ def live_cmd(
         console.print(f"run directory: {out}")
 
 
+def _live_llm(scenario: str, out: Path | None, set_: list[str] | None, on_interrupt: str,
+              drain_timeout_s: float | None, max_wall_s: float, force: bool) -> None:
+    """``servelab live`` for an LLM scenario: the scheduler objects on the real decoder."""
+    from executor.llm_run import live_llm
+    from sim.llm import StepInvariantError
+
+    try:
+        result = live_llm(scenario, overrides=set_ or None, handle_sigint=True,
+                          stop_mode=on_interrupt, drain_timeout_s=drain_timeout_s,
+                          max_wall_s=max_wall_s, force=force)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    except StepInvariantError as exc:
+        fail(f"internal check failed (please report): {exc}", code=3)
+        return
+    if out is not None:
+        result.write(out)
+    warn_stability(result.summary)
+    for error in result.meta.get("step_errors", [])[:3]:
+        err_console.print(f"[bold yellow]failed step:[/] {error}")
+    from servelab.report import summary_table
+
+    early = ", stopped early" if result.meta["stopped_early"] else ""
+    console.print(summary_table(result.summary, title=f"{result.scenario.name} (live{early})"))
+    if out is not None:
+        console.print(f"run directory: {out}")
+
+
 @app.command("compare")
 def compare_cmd(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML path or builtin:NAME.")],
@@ -238,6 +276,14 @@ def compare_cmd(
 ) -> None:
     """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
     from executor.compare import compare, sweep
+    from sim.llm import is_llm_source
+
+    try:
+        if is_llm_source(scenario):
+            fail("compare: LLM scenarios are not compared yet; run `servelab simulate` and "
+                 "`servelab live` on the scenario and compare their summary.json")
+    except USER_ERRORS as exc:
+        fail(str(exc))
 
     try:
         if sweep_:

@@ -67,8 +67,8 @@ def llm_summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
     table.add_column("value", justify="right")
     rows: list[tuple[str, Any]] = [
         ("requests (in window)", summary["requests"]),
-        ("ok / rejected / in flight",
-         " / ".join(_fmt(summary[k]) for k in ("ok", "rejected", "in_flight"))),
+        ("ok / rejected / failed / in flight",
+         " / ".join(_fmt(summary[k]) for k in ("ok", "rejected", "failed", "in_flight"))),
         ("offered (req/s)", summary["offered_rps"]),
         ("throughput: completions in the window (req/s)", summary["throughput_rps"]),
         ("input tokens/s (of the completions)", summary["input_tokens_per_s"]),

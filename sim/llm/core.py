@@ -20,7 +20,8 @@ from sim.llm.kv import Seq
 from sim.llm.schedulers import LlmScheduler, StepPlan
 from sim.llm.step_model import Composition, composition
 
-QUEUED, RUNNING, OK, REJECTED, IN_FLIGHT = "queued", "running", "ok", "rejected", "in_flight"
+QUEUED, RUNNING, OK, REJECTED, FAILED, IN_FLIGHT = (
+    "queued", "running", "ok", "rejected", "failed", "in_flight")
 
 
 class StepInvariantError(RuntimeError):
@@ -205,6 +206,21 @@ class LlmCore:
         log.waiting.append(sched.queued())
         log.preempted.append(len(plan.preempted))
         self._record_queue(replica, end_s)
+
+    def fail_step(self, plan: StepPlan, now_s: float, reason: str, replica: int = 0) -> None:
+        """A replica's step raised: its requests fail (with the reason) and leave the
+        scheduler; every other request goes on.
+        """
+        failed = [seq for seq, _ in plan.entries]
+        for seq in failed:
+            i = seq.id
+            self.status[i], self.reason[i] = FAILED, reason
+            self.finish_s[i] = now_s
+            self.preemptions[i] = seq.preemptions
+            self.work_tokens[i] = seq.work
+        self.schedulers[replica].finished(failed)
+        self._outstanding[replica] -= len(failed)
+        self._record_queue(replica, now_s)
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> dict[str, int]:

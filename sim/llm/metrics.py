@@ -87,7 +87,8 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
     has_slo = ttft_slo_ms is not None or tpot_slo_ms is not None
     produced = token_s[(token_s >= lo) & (token_s <= hi)]
     in_flight = (status == "in_flight") & inwin
-    counts = {s: int(((status == s) & inwin).sum()) for s in ("ok", "rejected", "in_flight")}
+    counts = {s: int(((status == s) & inwin).sum())
+              for s in ("ok", "rejected", "failed", "in_flight")}
     arrivals = int(inwin.sum())
 
     busy = float(np.sum(np.clip(np.minimum(steps["start_s"] + steps["duration_s"], hi)
@@ -133,7 +134,8 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
         * per_s,
         "output_tokens_per_s": float(produced.size) * per_s,
         "goodput_rps": float(good.sum()) * per_s if has_slo else None,
-        "error_rate": counts["rejected"] / arrivals if arrivals else math.nan,
+        "error_rate": (counts["rejected"] + counts["failed"]) / arrivals if arrivals
+        else math.nan,
         "ttft_ms": _stats_ms(ttft),
         "tpot_ms": _stats_ms(tpot),
         "itl_ms": _stats_ms(itl),

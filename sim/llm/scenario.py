@@ -244,6 +244,15 @@ class LlmSloCfg(_Strict):
     tpot_ms: float | None = Field(None, gt=0)
 
 
+class LlmModelCfg(_Strict):
+    """The decoder a live run executes (default: the one the step profile measured)."""
+
+    params: dict[str, Any] = Field(default_factory=dict)  # shape: small|1b|8b, and sizes
+    device: str | None = None
+    dtype: Literal["fp32", "fp16", "bf16"] | None = None
+    threads: int | None = Field(None, ge=1)
+
+
 class LlmScenario(_Strict):
     """One LLM serving experiment."""
 
@@ -256,6 +265,7 @@ class LlmScenario(_Strict):
     slo: LlmSloCfg = Field(default_factory=LlmSloCfg)
     replicas: int = Field(1, ge=1, le=4096)
     routing: Literal["jsq", "round_robin"] = "jsq"
+    model: LlmModelCfg | None = None
     price_per_replica_hour: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
@@ -273,7 +283,7 @@ class LlmScenario(_Strict):
 
 _UNIONS: dict[str, Any] = {"service": LlmServiceCfg, "workload": LlmWorkloadCfg,
                            "policy": LlmPolicyCfg}
-_SECTIONS: dict[str, type[BaseModel]] = {"slo": LlmSloCfg}
+_SECTIONS: dict[str, type[BaseModel]] = {"slo": LlmSloCfg, "model": LlmModelCfg}
 
 
 def is_llm_data(data: Any) -> bool:

@@ -254,7 +254,7 @@ class VllmScheduler(_Queues):
         return plan
 
     def finished(self, seqs: list[Seq]) -> None:
-        """These sequences produced their last token: free them."""
+        """These sequences produced their last token (or failed): free them."""
         if not seqs:
             return
         done = {s.id for s in seqs}
@@ -404,7 +404,12 @@ class StaticScheduler:
         return StepPlan(entries=[(s, s.remaining) for s in self.batch])
 
     def finished(self, seqs: list[Seq]) -> None:
-        """The batch ends when its longest output has ended."""
+        """Sequences that ended early (a failed step) leave the batch; the batch ends when
+        its longest output has ended.
+        """
+        gone = {s.id for s in seqs if s.emitted < s.output}
+        if gone:
+            self.batch = [s for s in self.batch if s.id not in gone]
         if self.batch and all(s.emitted >= s.output for s in self.batch):
             self.batch = []
 

@@ -1,0 +1,178 @@
+"""The live LLM engine: the simulator's LLM core and scheduler objects, the wall clock, and a
+real decoder (:class:`calibration.llm_decoder.LlamaDecoder`, the one calibration measures).
+
+Like the simulated clock (:func:`sim.llm.runner.simulate`) it only keeps time: it admits the
+arrivals due by now, asks the core for a replica's plan, executes that plan's prefill chunks
+and decodes as one step on the decoder (each sequence in its own KV-cache slot, from its
+``computed`` position), and hands the step back with its measured start and end. Token times
+therefore go into the same records and metrics code as the simulator's. Outputs are forced to
+each request's length: the sampled token is ignored (greedy), as ``--ignore-eos`` does.
+
+Sequences join a free slot when first scheduled and leave it when they finish, fail or are
+preempted (a preempted sequence recomputes from position 0 when scheduled again, in whatever
+slot is free then). A step that raises fails only its requests. :meth:`LiveLlmEngine.stop`
+(Ctrl-C) stops admitting; ``drain`` finishes what was admitted, ``abandon`` leaves it in flight.
+The drain deadline (horizon + drain timeout) ends the run on time; what is unfinished stays in
+flight (censored).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+from calibration.llm_decoder import LlamaDecoder, StepEntry
+from sim.llm.core import LlmCore
+from sim.llm.schedulers import StepPlan
+
+
+class SlotTable:
+    """Which KV-cache slot each running sequence occupies."""
+
+    def __init__(self, slots: int) -> None:
+        self.free = list(range(slots - 1, -1, -1))
+        self.of: dict[int, int] = {}
+
+    def slot(self, seq_id: int) -> int:
+        """The sequence's slot, taking a free one the first time."""
+        if seq_id not in self.of:
+            if not self.free:
+                raise RuntimeError("no free KV-cache slot: the decoder holds fewer sequences "
+                                   "than the scheduler runs (raise the decoder's max_slots)")
+            self.of[seq_id] = self.free.pop()
+        return self.of[seq_id]
+
+    def release(self, seq_id: int) -> None:
+        """Give the sequence's slot back (finished, failed or preempted)."""
+        slot = self.of.pop(seq_id, None)
+        if slot is not None:
+            self.free.append(slot)
+
+
+class LiveLlmEngine:
+    """Runs an :class:`LlmCore` in real time, one decoder per replica."""
+
+    def __init__(self, core: LlmCore, decoders: list[LlamaDecoder], *,
+                 drain_until_s: float = math.inf) -> None:
+        if len(decoders) != len(core.schedulers):
+            raise ValueError(f"need one decoder per replica ({len(core.schedulers)}), got "
+                             f"{len(decoders)}")
+        self.core = core
+        self.decoders = decoders
+        self.slots = [SlotTable(d.cfg.max_slots) for d in decoders]
+        self.drain_until_s = drain_until_s
+        self._stop = threading.Event()
+        self._mode = "drain"
+        self.stopped_at_s: float | None = None
+        self.drain_timed_out = False
+        self.step_errors: list[str] = []
+        self.start_perf = 0.0
+
+    def stop(self, mode: str = "drain") -> None:
+        """Stop admitting arrivals; ``drain`` finishes admitted work, ``abandon`` does not."""
+        if mode not in ("drain", "abandon"):
+            raise ValueError(f"stop mode {mode!r}: allowed: drain, abandon")
+        self._mode = mode
+        self._stop.set()
+
+    def now_s(self) -> float:
+        """Seconds since the run started."""
+        return time.perf_counter() - self.start_perf
+
+    def _entries(self, replica: int, plan: StepPlan) -> list[StepEntry]:
+        table = self.slots[replica]
+        for seq in plan.preempted:
+            table.release(seq.id)
+        return [StepEntry(table.slot(seq.id), seq.computed, n) for seq, n in plan.entries]
+
+    def _execute(self, replica: int, plan: StepPlan) -> tuple[float, float, str | None]:
+        start = self.now_s()
+        error = None
+        try:
+            entries = self._entries(replica, plan)
+            if entries:
+                self.decoders[replica].step(entries)
+            if plan.padding_seqs:  # static batching's finished rows are still computed
+                pads = [StepEntry(self.slots[replica].slot(-1 - k), 0, 1)
+                        for k in range(plan.padding_seqs)]
+                self.decoders[replica].step(pads)
+                for k in range(plan.padding_seqs):
+                    self.slots[replica].release(-1 - k)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        return start, self.now_s(), error
+
+    def run(self) -> float:
+        """Run until every admitted request is done (or stopped, or past the drain deadline);
+        return the end time (s since the start).
+        """
+        core = self.core
+        n = len(core.schedulers)
+        self.start_perf = time.perf_counter()
+        deadline = self.drain_until_s
+        while True:
+            now = self.now_s()
+            if self._stop.is_set() and self.stopped_at_s is None:
+                self.stopped_at_s = now
+                core.admit_until(now)  # what was due by the stop still arrives
+                if self._mode == "abandon":
+                    return now
+            if self.stopped_at_s is None:
+                core.admit_until(now)
+            if now >= deadline:
+                self.drain_timed_out = any(s.has_work() for s in core.schedulers)
+                return now
+            stepped = False
+            wake = math.inf
+            for r in range(n):
+                plan, comp = core.plan(now, r)
+                if comp is None:
+                    if plan.wake_at_s is not None:
+                        wake = min(wake, plan.wake_at_s)
+                    continue
+                start, end, error = self._execute(r, plan)
+                if error is None:
+                    core.complete(plan, comp, start, end, r)
+                    self._release_finished(r, plan)
+                else:
+                    self.step_errors.append(error)
+                    core.fail_step(plan, end, error, r)
+                    for seq, _ in plan.entries:
+                        self.slots[r].release(seq.id)
+                stepped = True
+            if stepped:
+                continue
+            upcoming = core.next_arrival_s() if self.stopped_at_s is None else math.inf
+            if upcoming == math.inf and wake == math.inf:
+                return self.now_s()  # nothing left to run or to wait for
+            nxt = min(upcoming, wake, deadline)
+            pause = nxt - self.now_s()
+            if pause > 0:
+                self._stop.wait(min(pause, 0.05))
+
+    def _release_finished(self, replica: int, plan: StepPlan) -> None:
+        for seq, _ in plan.entries:
+            if seq.emitted >= seq.output:
+                self.slots[replica].release(seq.id)
+
+
+def decoder_for(spec: dict[str, Any], max_slots: int, max_len: int) -> LlamaDecoder:
+    """A decoder of ``spec`` (shape and sizes, device, dtype) holding at least ``max_slots``
+    sequences of ``max_len`` tokens. The cache keeps the profile's size when that is enough:
+    its size changes the step time (memory locality), and the engine must run the decoder
+    the profile measured.
+    """
+    from calibration.llm_decoder import SHAPES, DecoderConfig, dtype_of
+
+    params = dict(spec.get("params") or {})
+    shape = str(params.pop("shape", "small"))
+    if shape not in SHAPES:
+        raise ValueError(f"model.params.shape {shape!r}: allowed: {', '.join(SHAPES)}")
+    base = {**SHAPES[shape].__dict__, **{k: int(v) for k, v in params.items()
+                                         if k in DecoderConfig.__dataclass_fields__}}
+    base.update(max_slots=max(max_slots, base["max_slots"]),
+                max_len=max(max_len, base["max_len"]))
+    return LlamaDecoder(DecoderConfig(**base), device=str(spec.get("device") or "cpu"),
+                        dtype=dtype_of(str(spec.get("dtype") or "fp32")))

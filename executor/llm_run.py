@@ -1,0 +1,182 @@
+"""``live_llm(scenario) -> LlmResult``: run an LLM scenario in real time on the real decoder.
+
+The requests (arrival times, prompt and output lengths), the scheduler objects, the core, the
+records and the metrics are the simulator's own (:func:`sim.llm.runner.build_llm_core`,
+:func:`sim.llm.metrics.summarize_llm`), so a difference between sim and live can only come
+from step times and the engine's overheads.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from calibration.step_profile import load_step_profile
+from executor.llm_live import LiveLlmEngine, decoder_for
+from executor.run import LiveError
+from sim.llm.metrics import summarize_llm
+from sim.llm.runner import LlmResult, build_llm_core, horizon_s, tables
+from sim.llm.runner import run as sim_run
+from sim.llm.scenario import LlmScenario, load_llm_scenario
+from sim.rundir import run_meta
+
+
+def llm_model_spec(scenario: LlmScenario) -> dict[str, Any]:
+    """What to run live: the scenario's ``model:`` section over the step profile's decoder
+    (its shape and KV-cache size, device, dtype and threads).
+    """
+    spec: dict[str, Any] = {}
+    if scenario.service.kind == "llm_profile":
+        meta = load_step_profile(scenario.service.path).meta
+        model = meta.get("model") or {}
+        params = dict(model.get("params") or {})
+        device = meta.get("device") or {}
+        spec = {"params": params,
+                "device": "cpu" if device.get("kind") != "cuda"
+                else f"cuda:{device.get('index', 0)}",
+                "dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(
+                    str(meta.get("dtype")), "fp32"),
+                "threads": meta.get("threads")}
+    if scenario.model is not None:
+        given = scenario.model.model_dump()
+        spec.update({k: v for k, v in given.items() if v not in (None, {})})
+    if not spec:
+        raise LiveError("model: nothing to run live — the service is llm_linear; use a measured "
+                        "step profile (service.kind llm_profile) or add model: {params: "
+                        "{shape: small}}")
+    return spec
+
+
+def check_llm_bounds(prediction: LlmResult, horizon: float, max_wall_s: float) -> float:
+    """Refuse a live LLM run the simulator predicts unstable or longer than ``max_wall_s``.
+
+    Returns:
+        The predicted wall time (s).
+
+    Raises:
+        LiveError: one line with the estimate and the way out.
+    """
+    stability = prediction.summary["stability"]
+    end_s = float(prediction.meta["end_s"])
+    detail = (f"about {end_s:,.0f} s of wall time (horizon {horizon:,.0f} s + predicted "
+              f"drain {max(end_s - horizon, 0):,.0f} s)")
+    if stability["verdict"] == "unstable":
+        raise LiveError(f"refusing to run live: the simulator predicts an unstable run "
+                        f"({stability['reason']}); {detail}. Lower the load, or pass --force "
+                        "(the run then stops draining after --drain-timeout-s)")
+    if end_s > max_wall_s:
+        raise LiveError(f"refusing to run live: {detail} exceeds --max-wall-s {max_wall_s:g}. "
+                        "Shorten the workload, raise --max-wall-s, or pass --force")
+    return end_s
+
+
+def warm_up(decoder: Any, steps: int = 3) -> None:
+    """A few untimed steps (a prefill chunk with decodes) before the clock starts, so the
+    first requests do not pay for allocator and kernel warm-up.
+    """
+    from calibration.llm_decoder import StepEntry
+
+    cfg = decoder.cfg
+    n = min(64, cfg.max_len - 1)
+    decodes = [StepEntry(1 + i, n - 1, 1) for i in range(min(4, cfg.max_slots - 1))]
+    for _ in range(steps):
+        decoder.step([StepEntry(0, 0, n)])
+        if decodes:
+            decoder.step([StepEntry(0, 0, n), *decodes])
+
+
+def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
+             overrides: list[str] | dict[str, Any] | None = None, *,
+             drain_timeout_s: float | None = None, handle_sigint: bool = False,
+             stop_mode: str = "drain",
+             on_engine: Callable[[LiveLlmEngine], None] | None = None,
+             decoder_hook: Callable[[Any], Any] | None = None, max_wall_s: float = 600.0,
+             force: bool = True) -> LlmResult:
+    """Run an LLM scenario live and return the same :class:`LlmResult` as ``sim.llm.run``.
+
+    Args:
+        scenario: Scenario, dict, path or ``builtin:NAME``.
+        overrides: Dotted-key overrides.
+        drain_timeout_s: Stop this long after the horizon; the rest stays in flight.
+            Default: the window's length (``duration_s`` − ``warmup_s``), else 60 s.
+        handle_sigint: Ctrl-C stops the run (``stop_mode``) and the records are kept.
+        stop_mode: ``drain`` or ``abandon``.
+        on_engine: Called with the engine before it starts (tests stop runs with it).
+        decoder_hook: Called with each decoder; its return value replaces it (tests inject
+            faults).
+        max_wall_s: With ``force=False``: refuse when the simulator predicts a longer run.
+        force: Run without the stability and wall-time check (the API default; the CLI
+            checks unless ``--force``).
+
+    Raises:
+        LiveError: nothing to run live, or (``force=False``) the simulator predicts an
+            unstable or too long run.
+    """
+    import torch
+
+    scn = load_llm_scenario(scenario, overrides)
+    spec = llm_model_spec(scn)
+    horizon_planned = horizon_s(scn, build_llm_core(scn).arrival_s)
+    duration = getattr(scn.workload, "duration_s", None)
+    drain = drain_timeout_s if drain_timeout_s is not None else (
+        max(float(duration) - scn.warmup_s, 1.0) if duration else 60.0)
+    if drain <= 0:
+        raise LiveError(f"--drain-timeout-s {drain:g}: must be > 0")
+    if not force:
+        check_llm_bounds(sim_run(scn, drain_timeout_s=drain), horizon_planned, max_wall_s)
+    core = build_llm_core(scn)
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    longest = int((core.prompt_tokens + core.output_tokens).max()) if core.arrival_s.size else 1
+    cfg = scn.policy
+    slots = int(getattr(cfg, "max_num_seqs", 0) or getattr(cfg, "max_batch_size", 1))
+    decoders = []
+    for _ in range(scn.replicas):
+        try:
+            decoder = decoder_for(spec, max_slots=slots, max_len=longest + 1)
+        except ValueError as exc:
+            raise LiveError(str(exc)) from None
+        warm_up(decoder)
+        decoders.append(decoder_hook(decoder) if decoder_hook else decoder)
+    horizon = horizon_planned
+    engine = LiveLlmEngine(core, decoders, drain_until_s=horizon + drain)
+    if on_engine is not None:
+        on_engine(engine)
+    previous = None
+    if handle_sigint and threading.current_thread() is threading.main_thread():
+        def _on_sigint(signum: int, frame: FrameType | None) -> None:
+            engine.stop(stop_mode)
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    t0 = time.perf_counter()
+    try:
+        end_s = engine.run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    counts = core.close()
+    requests, steps, tokens, queue = tables(core)
+    window_end = horizon if engine.stopped_at_s is None else min(horizon, engine.stopped_at_s)
+    summary = summarize_llm(requests, core.token_s, core.token_offset, steps, queue,
+                            warmup_s=scn.warmup_s, horizon_s=window_end, end_s=end_s,
+                            num_blocks=core.limits.num_blocks, ttft_slo_ms=scn.slo.ttft_ms,
+                            tpot_slo_ms=scn.slo.tpot_ms, driver="live",
+                            replicas=scn.replicas,
+                            price_per_replica_hour=scn.price_per_replica_hour)
+    described = decoders[0].describe() if hasattr(decoders[0], "describe") else {}
+    meta = run_meta(scn, driver="live", device={  # type: ignore[arg-type]
+        "kind": str(spec.get("device") or "cpu"), "torch_threads": torch.get_num_threads()},
+        extra={"kind": "llm", "model": described, "end_s": end_s,
+               "wall_s": time.perf_counter() - t0, "status_counts": counts,
+               "stopped_early": engine.stopped_at_s is not None,
+               "stopped_s": engine.stopped_at_s, "drain_timeout_s": drain,
+               "drain_timed_out": engine.drain_timed_out,
+               "step_errors": engine.step_errors[:20], "torch_version": torch.__version__,
+               "steps": len(steps), "num_gpu_blocks": core.limits.num_blocks,
+               "planned_horizon_s": horizon if math.isfinite(horizon) else None})
+    return LlmResult(scn, summary, requests, steps, tokens, queue, meta)

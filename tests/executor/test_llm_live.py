@@ -1,0 +1,131 @@
+"""The live LLM engine: the simulator's scheduler objects on a real (tiny) decoder."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from executor.llm_run import live_llm
+from executor.run import LiveError
+
+TINY = {"shape": "small", "hidden": 64, "layers": 1, "heads": 2, "kv_heads": 1,
+        "intermediate": 128, "vocab": 256, "max_slots": 16, "max_len": 512}
+
+
+def scenario(**policy: Any) -> dict[str, Any]:
+    return {"seed": 2,
+            "service": {"kind": "llm_linear", "base_ms": 1, "per_prefill_token_ms": 0.01,
+                        "per_decode_seq_ms": 0.05},
+            "workload": {"kind": "poisson", "rate_rps": 20, "duration_s": 2,
+                         "prompt_tokens": {"dist": "uniform", "low": 5, "high": 120},
+                         "output_tokens": {"dist": "uniform", "low": 1, "high": 40}},
+            "policy": {"kind": "vllm", "num_gpu_blocks": 60, "block_size": 8,
+                       "max_num_seqs": 8, "max_num_batched_tokens": 64, **policy},
+            "model": {"params": TINY, "device": "cpu", "threads": 1}}
+
+
+@pytest.mark.parametrize("policy", [{}, {"enable_chunked_prefill": False,
+                                         "max_num_batched_tokens": 200},
+                                    {"kind": "sarathi"},
+                                    {"kind": "continuous", "max_num_batched_tokens": 200},
+                                    {"kind": "static", "max_batch_size": 4, "max_wait_ms": 20}])
+def test_a_live_run_conserves_requests_and_tokens_within_the_limits(policy) -> None:
+    cfg = scenario(**policy)
+    if cfg["policy"]["kind"] == "static":
+        cfg["policy"] = {"kind": "static", "max_batch_size": 4, "max_wait_ms": 20}
+    result = live_llm(cfg)
+    req, steps, tokens = result.requests, result.steps, result.tokens
+    assert len(req) > 20 and (req["status"] == "ok").all()
+    produced = tokens.groupby("id").size()
+    assert (produced.to_numpy() == req["output_tokens"].to_numpy()).all()
+    assert tokens.groupby("id")["time_s"].apply(
+        lambda t: bool(np.all(np.diff(t.to_numpy()) > 0))).all()
+    assert (req["first_token_s"] > req["arrival_s"]).all()
+    if cfg["policy"]["kind"] != "static":
+        assert (steps["num_seqs"] <= 8).all()
+        assert ((steps["prefill_tokens"] + steps["decode_seqs"])
+                <= cfg["policy"]["max_num_batched_tokens"]).all()
+        assert (steps["kv_blocks_used"] <= 60).all()
+    assert result.summary["driver"] == "live" and result.meta["kind"] == "llm"
+    assert (steps["duration_s"] > 0).all()
+
+
+def test_preemption_recomputes_for_real_and_loses_nothing() -> None:
+    cfg = scenario(num_gpu_blocks=24)
+    cfg["workload"]["rate_rps"] = 40
+    result = live_llm(cfg)
+    assert result.summary["preemptions"] > 0 and result.summary["recomputed_tokens"] > 0
+    assert (result.requests["status"] == "ok").all()
+    assert (result.tokens.groupby("id").size().to_numpy()
+            == result.requests["output_tokens"].to_numpy()).all()
+
+
+def test_a_failing_step_fails_only_its_requests() -> None:
+    calls = {"n": 0}
+
+    def hook(decoder):
+        original = decoder.step
+
+        def step(entries, *args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 10:
+                raise RuntimeError("CUDA error: injected")
+            return original(entries, *args, **kwargs)
+
+        decoder.step = step
+        return decoder
+
+    result = live_llm(scenario(), decoder_hook=hook)
+    req = result.requests
+    failed = req[req["status"] == "failed"]
+    assert 1 <= len(failed) <= 8
+    assert set(failed["reason"]) == {"RuntimeError: CUDA error: injected"}
+    assert (req["status"].isin(["ok", "failed"])).all() and (req["status"] == "ok").sum() > 10
+    assert result.summary["failed"] == len(failed) and result.summary["error_rate"] > 0
+
+
+def test_stopping_keeps_what_was_recorded_and_ends_the_window_at_the_stop() -> None:
+    cfg = scenario()
+    cfg["workload"]["duration_s"] = 30
+
+    def arm(engine) -> None:
+        threading.Timer(1.0, engine.stop, args=("drain",)).start()
+
+    result = live_llm(cfg, on_engine=arm)
+    assert result.meta["stopped_early"] is True
+    assert result.requests["arrival_s"].max() <= result.meta["stopped_s"]
+    assert result.summary["window_s"] == pytest.approx(result.meta["stopped_s"])
+    assert (result.requests["status"] == "ok").all()  # drained
+
+
+def test_live_refuses_an_llm_linear_scenario_without_a_model_and_an_unstable_one() -> None:
+    cfg = scenario()
+    del cfg["model"]
+    with pytest.raises(LiveError, match="nothing to run live"):
+        live_llm(cfg)
+    hot = scenario()
+    hot["workload"]["rate_rps"] = 5000
+    with pytest.raises(LiveError, match="unstable"):
+        live_llm(hot, force=False)
+
+
+def test_the_cli_runs_an_llm_scenario_live_and_writes_the_run_directory(tmp_path) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+
+    path = tmp_path / "llm.yaml"
+    path.write_text(yaml.safe_dump(scenario()))
+    out = tmp_path / "live"
+    result = CliRunner().invoke(app, ["live", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "TTFT" in result.output and "(live)" in result.output
+    assert json.loads((out / "summary.json").read_text())["driver"] == "live"
+    assert (out / "tokens.parquet").exists() and (out / "steps.parquet").exists()
