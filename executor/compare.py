@@ -66,7 +66,8 @@ def _rel(value: float, reference: float) -> float:
 
 def compare_rows(sim_summaries: dict[str, Any] | Sequence[dict[str, Any]],
                  live_summaries: Sequence[dict[str, Any]],
-                 stored_summary: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                 stored_summary: dict[str, Any] | None = None,
+                 metrics: Sequence[tuple[str, str]] = METRICS) -> list[dict[str, Any]]:
     """Per-metric comparison rows.
 
     Args:
@@ -75,11 +76,12 @@ def compare_rows(sim_summaries: dict[str, Any] | Sequence[dict[str, Any]],
         live_summaries: One summary per live repeat.
         stored_summary: With probing, the prediction from the stored (unprobed) profile; its
             value and error are kept as ``sim_stored`` / ``rel_error_stored``.
+        metrics: (dotted key, label) pairs to compare (default: the request-level ones).
     """
     sims = [sim_summaries] if isinstance(sim_summaries, dict) else list(sim_summaries)
     rho = float(np.median([metric(x, "utilization") for x in sims]))
     rows = []
-    for key, label in METRICS:
+    for key, label in metrics:
         if key == "goodput_rps" and all(x.get(key) is None for x in sims):
             continue  # no SLO set: there is no goodput to compare
         s = float(np.median([metric(x, key) for x in sims]))

@@ -76,6 +76,20 @@ def check_llm_bounds(prediction: LlmResult, horizon: float, max_wall_s: float) -
     return end_s
 
 
+def build_decoders(spec: dict[str, Any], replicas: int, slots: int,
+                   max_len: int) -> list[Any]:
+    """One warmed-up decoder per replica."""
+    out = []
+    for _ in range(replicas):
+        try:
+            decoder = decoder_for(spec, max_slots=slots, max_len=max_len)
+        except ValueError as exc:
+            raise LiveError(str(exc)) from None
+        warm_up(decoder)
+        out.append(decoder)
+    return out
+
+
 def warm_up(decoder: Any, steps: int = 3) -> None:
     """A few untimed steps (a prefill chunk with decodes) before the clock starts, so the
     first requests do not pay for allocator and kernel warm-up.
@@ -97,7 +111,7 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
              stop_mode: str = "drain",
              on_engine: Callable[[LiveLlmEngine], None] | None = None,
              decoder_hook: Callable[[Any], Any] | None = None, max_wall_s: float = 600.0,
-             force: bool = True) -> LlmResult:
+             force: bool = True, decoders: list[Any] | None = None) -> LlmResult:
     """Run an LLM scenario live and return the same :class:`LlmResult` as ``sim.llm.run``.
 
     Args:
@@ -113,6 +127,8 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
         max_wall_s: With ``force=False``: refuse when the simulator predicts a longer run.
         force: Run without the stability and wall-time check (the API default; the CLI
             checks unless ``--force``).
+        decoders: Decoders to run on, one per replica (compare reuses its probed ones);
+            default: built from :func:`llm_model_spec` and warmed up.
 
     Raises:
         LiveError: nothing to run live, or (``force=False``) the simulator predicts an
@@ -136,14 +152,9 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     longest = int((core.prompt_tokens + core.output_tokens).max()) if core.arrival_s.size else 1
     cfg = scn.policy
     slots = int(getattr(cfg, "max_num_seqs", 0) or getattr(cfg, "max_batch_size", 1))
-    decoders = []
-    for _ in range(scn.replicas):
-        try:
-            decoder = decoder_for(spec, max_slots=slots, max_len=longest + 1)
-        except ValueError as exc:
-            raise LiveError(str(exc)) from None
-        warm_up(decoder)
-        decoders.append(decoder_hook(decoder) if decoder_hook else decoder)
+    if decoders is None:
+        decoders = build_decoders(spec, scn.replicas, slots, longest + 1)
+    decoders = [decoder_hook(d) for d in decoders] if decoder_hook else list(decoders)
     horizon = horizon_planned
     engine = LiveLlmEngine(core, decoders, drain_until_s=horizon + drain)
     if on_engine is not None:

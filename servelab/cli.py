@@ -279,11 +279,15 @@ def compare_cmd(
     from sim.llm import is_llm_source
 
     try:
-        if is_llm_source(scenario):
-            fail("compare: LLM scenarios are not compared yet; run `servelab simulate` and "
-                 "`servelab live` on the scenario and compare their summary.json")
+        llm = is_llm_source(scenario)
     except USER_ERRORS as exc:
         fail(str(exc))
+        return
+    if llm:
+        if sweep_:
+            fail("--sweep: not available for LLM scenarios yet; sweep the rate with --set")
+        _compare_llm(scenario, out, repeats, set_, probe, drain_timeout_s, max_wall_s, force)
+        return
 
     try:
         if sweep_:
@@ -310,6 +314,27 @@ def compare_cmd(
                           soft_wrap=True)
     console.print(_compare_table(data))
     console.print(f"report: {out / 'report.html'}")
+
+
+def _compare_llm(scenario: str, out: Path, repeats: int, set_: list[str] | None, probe: str,
+                 drain_timeout_s: float | None, max_wall_s: float, force: bool) -> None:
+    """``servelab compare`` for an LLM scenario."""
+    from executor.llm_compare import compare_llm
+
+    try:
+        data = compare_llm(scenario, out, repeats=repeats, overrides=set_ or None,
+                           probe_mode=probe, drain_timeout_s=drain_timeout_s,
+                           max_wall_s=max_wall_s, force=force,
+                           progress=lambda m: console.print(f"[dim]{m}[/]"))
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    console.print(_compare_table(data))
+    for p in data["probes"]:
+        console.print(f"probe: prefill ×{p['prefill_scale']:.3f}, decode "
+                      f"×{p['decode_scale']:.3f} against the stored profile "
+                      f"(drift {p['drift']:.1%})")
+    console.print(f"comparison: {out / 'compare.json'}")
 
 
 def _compare_table(data: dict[str, object]) -> object:

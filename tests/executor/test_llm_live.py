@@ -129,3 +129,43 @@ def test_the_cli_runs_an_llm_scenario_live_and_writes_the_run_directory(tmp_path
     assert "TTFT" in result.output and "(live)" in result.output
     assert json.loads((out / "summary.json").read_text())["driver"] == "live"
     assert (out / "tokens.parquet").exists() and (out / "steps.parquet").exists()
+
+
+def test_compare_llm_probes_rescales_and_compares_end_to_end(tmp_path) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from calibration.step_profile import load_step_profile
+    from executor.llm_compare import rescaled
+    from servelab.cli import app
+
+    prof = load_step_profile("builtin:llm-small-cpu")
+    double = rescaled(prof, 2.0, 2.0)
+    assert double.step_s(300, 5, 2000) == pytest.approx(2 * prof.step_s(300, 5, 2000))
+    mixed = rescaled(prof, 1.0, 3.0)  # a prefill-only step follows the prefill scale mostly
+    assert mixed.step_s(1024, 0, 0) < 1.3 * prof.step_s(1024, 0, 0)
+    assert mixed.step_s(0, 16, 16 * 512) > 2.5 * prof.step_s(0, 16, 16 * 512)
+
+    cfg = {"name": "cmp", "seed": 3,
+           "service": {"kind": "llm_profile", "path": "builtin:llm-small-cpu"},
+           "workload": {"kind": "poisson", "rate_rps": 2, "duration_s": 3,
+                        "prompt_tokens": {"dist": "uniform", "low": 16, "high": 200},
+                        "output_tokens": {"dist": "uniform", "low": 2, "high": 20}},
+           "policy": {"kind": "vllm", "num_gpu_blocks": 500, "max_num_seqs": 8,
+                      "max_num_batched_tokens": 256},
+           "warmup_s": 0.5}
+    path = tmp_path / "cmp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(app, ["compare", str(path), "--repeats", "1", "--out",
+                                      str(out)])
+    assert result.exit_code == 0, result.output
+    assert "TTFT p50" in result.output and "probe: prefill" in result.output
+    data = json.loads((out / "compare.json").read_text())
+    assert data["kind"] == "llm" and data["probed"]
+    metrics = {r["metric"] for r in data["rows"]}
+    assert {"ttft_ms.p50", "tpot_ms.p99", "output_tokens_per_s", "preemptions"} <= metrics
+    assert (out / "live-1" / "probed-profile.json").exists()
+    assert (out / "sim-1" / "summary.json").exists() and (out / "sim" / "summary.json").exists()
+    linear = CliRunner().invoke(app, ["compare", "builtin:llm-demo", "--out", str(out)])
+    assert linear.exit_code != 0 and "needs a measured step profile" in linear.output
