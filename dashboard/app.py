@@ -17,6 +17,7 @@ st.set_page_config(page_title="servelab", layout="wide")
 page = st.navigation([
     st.Page(PAGES / "explore.py", title="Explore", default=True),
     st.Page(PAGES / "compare.py", title="Compare"),
+    st.Page(PAGES / "llm.py", title="LLM", url_path="llm"),
     st.Page(PAGES / "profiles.py", title="Calibration", url_path="calibration"),
     st.Page(PAGES / "verify.py", title="Verify"),
     st.Page(PAGES / "course.py", title="Course"),

@@ -222,3 +222,76 @@ def fidelity_curve(frame: pd.DataFrame) -> go.Figure:
                       xaxis_title="utilisation ρ", yaxis_title="relative error (%)",
                       height=380)
     return fig
+
+
+def llm_load_curves(frame: pd.DataFrame, config_col: str = "config") -> go.Figure:
+    """TTFT and TPOT (P50 dotted, P99 solid) against offered load, one colour per scheduler;
+    × marks the knee (first load whose TTFT P99 exceeds 3× the lightest load's); hollow red
+    markers are unstable runs.
+    """
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT vs offered load",
+                                                        "TPOT vs offered load"))
+    for i, (name, g) in enumerate(frame.groupby(config_col, sort=False)):
+        g = g.sort_values("offered_rps")
+        colour = PALETTE[i % len(PALETTE)]
+        unstable = g["verdict"] == "unstable"
+        marker = {"symbol": np.where(unstable, "circle-open", "circle").tolist(), "size": 9,
+                  "color": colour,
+                  "line": {"color": np.where(unstable, "#D55E00", colour).tolist(), "width": 2}}
+        for col, metric in ((1, "ttft_ms"), (2, "tpot_ms")):
+            fig.add_trace(go.Scatter(x=g["offered_rps"], y=g[f"{metric}.p99"],
+                                     name=str(name), legendgroup=str(name),
+                                     showlegend=col == 1, mode="lines+markers", marker=marker,
+                                     line={"color": colour}), row=1, col=col)
+            fig.add_trace(go.Scatter(x=g["offered_rps"], y=g[f"{metric}.p50"],
+                                     name=f"{name} P50", legendgroup=str(name),
+                                     showlegend=False, mode="lines",
+                                     line={"color": colour, "dash": "dot"}), row=1, col=col)
+        knee = knee_index(g["offered_rps"].tolist(), g["ttft_ms.p99"].tolist())
+        if knee is not None:
+            row = g.iloc[knee]
+            fig.add_trace(go.Scatter(x=[row["offered_rps"]], y=[row["ttft_ms.p99"]],
+                                     mode="markers", marker={"symbol": "x", "size": 14,
+                                                             "color": colour},
+                                     legendgroup=str(name), name=f"{name} knee"), row=1, col=1)
+    for col in (1, 2):
+        fig.update_xaxes(title_text="offered load (req/s)", row=1, col=col)
+        fig.update_yaxes(title_text="ms, P99 solid / P50 dotted", type="log", row=1, col=col)
+    fig.update_layout(template=TEMPLATE, height=420)
+    return fig
+
+
+def kv_and_running(steps: pd.DataFrame, num_blocks: int | None) -> go.Figure:
+    """KV-cache utilisation and running sequences over time (per step)."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    end = steps["start_s"] + steps["duration_s"]
+    if num_blocks:
+        fig.add_trace(go.Scatter(x=end, y=steps["kv_blocks_used"] / num_blocks,
+                                 name="KV cache utilisation", mode="lines",
+                                 line={"color": PALETTE[0], "shape": "hv"}), secondary_y=False)
+    fig.add_trace(go.Scatter(x=end, y=steps["num_seqs"], name="running sequences",
+                             mode="lines", line={"color": PALETTE[1], "shape": "hv"}),
+                  secondary_y=True)
+    fig.add_trace(go.Scatter(x=end, y=steps["waiting"], name="waiting", mode="lines",
+                             line={"color": PALETTE[2], "shape": "hv", "dash": "dot"}),
+                  secondary_y=True)
+    fig.update_yaxes(title_text="KV cache utilisation", range=[0, 1.05], secondary_y=False)
+    fig.update_yaxes(title_text="sequences", secondary_y=True)
+    fig.update_xaxes(title_text="time (s)")
+    fig.update_layout(template=TEMPLATE, height=360, title="KV cache and sequences over time")
+    return fig
+
+
+def step_composition(steps: pd.DataFrame) -> go.Figure:
+    """What the engine's steps held: prefill tokens against decoding sequences, coloured by
+    step time.
+    """
+    fig = go.Figure(go.Scattergl(
+        x=steps["decode_seqs"], y=steps["prefill_tokens"], mode="markers",
+        marker={"size": 5, "color": steps["duration_s"] * 1e3, "colorscale": "Viridis",
+                "colorbar": {"title": "step ms"}, "opacity": 0.6},
+        name="steps"))
+    fig.update_xaxes(title_text="decoding sequences in the step")
+    fig.update_yaxes(title_text="prefill tokens in the step")
+    fig.update_layout(template=TEMPLATE, height=360, title="step composition")
+    return fig

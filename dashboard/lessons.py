@@ -193,6 +193,49 @@ def exp_metrics(lang: str) -> None:
                     + (" on average before running." if lang == "en" else "（平均）才开始执行。"))
 
 
+def exp_continuous_batching(lang: str) -> None:
+    from dashboard.state import run_llm_scenario
+
+    en = lang == "en"
+    scale = st.slider("load (× the Azure trace's 5.5 req/s)" if en else
+                      "负载（Azure 轨迹 5.5 请求/秒 的倍数）", 0.25, 3.0, 1.0, 0.25, key="l8-scale")
+    budget = st.select_slider("chunk size: max_num_batched_tokens" if en else
+                              "分块大小：max_num_batched_tokens", [256, 512, 1024, 2048, 8192],
+                              value=2048, key="l8-budget")
+    blocks = st.select_slider("KV cache blocks (16 tokens each)" if en else
+                              "KV 缓存块数（每块 16 个 token）", [512, 1024, 2048, 8192],
+                              value=8192, key="l8-blocks")
+    service = {"kind": "llm_linear", "base_ms": 6.0, "per_prefill_token_ms": 0.03,
+               "per_decode_seq_ms": 0.08, "per_kv_token_ms": 0.00002}
+    workload = {"kind": "trace", "path": "builtin:azure_llm_2023_conv.csv",
+                "rate_scale": scale, "n_requests": 1200,
+                "prompt_tokens_column": "ContextTokens", "output_tokens_column": "GeneratedTokens"}
+    policies = {
+        "static, batch 16" if en else "静态批处理，批 16":
+            {"kind": "static", "max_batch_size": 16, "max_wait_ms": 50},
+        "continuous (vLLM)" if en else "连续批处理（vLLM）":
+            {"kind": "vllm", "max_num_batched_tokens": budget, "num_gpu_blocks": blocks,
+             "max_num_seqs": 64},
+    }
+    rows = []
+    for label, policy in policies.items():
+        result = run_llm_scenario({"name": "lesson-llm", "seed": 0, "service": service,
+                                   "workload": workload, "policy": policy})
+        if result is None:
+            continue
+        s = result.summary
+        rows.append({"": label, "TTFT P50 ms": fmt(s["ttft_ms"]["p50"]),
+                     "TTFT P99 ms": fmt(s["ttft_ms"]["p99"]),
+                     "TPOT P50 ms": fmt(s["tpot_ms"]["p50"], 2),
+                     "TPOT P99 ms": fmt(s["tpot_ms"]["p99"], 2),
+                     "output tok/s": fmt(s["output_tokens_per_s"], 0),
+                     "seqs per step": fmt(s["seqs_per_step"]["mean"], 1),
+                     "KV util %": fmt(100 * (s["kv_cache_utilization"]["mean"] or 0.0)),
+                     "preemptions": str(s["preemptions"]),
+                     "stable?": s["stability"]["verdict"]})
+    _table(rows)
+
+
 def exp_exercises(lang: str) -> None:
     with st.expander("one possible set of answers" if lang == "en" else "参考答案"):
         st.markdown(ANSWERS[lang])
@@ -309,8 +352,36 @@ LESSONS: list[Lesson] = [
            {"en": "At 95% load, how far apart are the mean and the P99?",
             "zh": "负载为 95% 时，平均延迟与 P99 相差多少？"},
            exp_metrics),
+    Lesson("continuous-batching",
+           {"en": "8. Continuous batching for LLMs", "zh": "8. 大语言模型的连续批处理"},
+           {"en": "An LLM answers token by token, and outputs differ in length: on the Azure "
+                  "conversation trace some requests want 10 tokens, others 1,000. Request-level "
+                  "(static) batching holds every slot of a batch until its longest output ends, "
+                  "and a newcomer waits for the whole batch: slots idle while requests queue. "
+                  "Continuous (iteration-level) batching reschedules at every step: a finished "
+                  "sequence leaves, a waiting one joins at once. Then the **KV cache** is the "
+                  "real capacity: every running sequence holds its context's keys and values, and "
+                  "when the blocks run out the scheduler must preempt (and later recompute) a "
+                  "request. Finally the **chunk size** (the per-step token budget) trades TTFT "
+                  "against TPOT: a big budget prefills a long prompt in one step and the decodes "
+                  "sharing it stall; a small one spreads the prompt over many steps, so tokens "
+                  "keep flowing but the first token comes later.",
+            "zh": "大语言模型逐个 token 生成答案，而输出长度差别很大：在 Azure 对话轨迹中，有的请求"
+                  "只要 10 个 token，有的要 1000 个。请求级（静态）批处理让一批中的每个位置都等到最"
+                  "长的输出结束，新请求要等整批完成：位置空闲，请求却在排队。连续（迭代级）批处理在每"
+                  "一步重新调度：完成的序列离开，等待的序列立即加入。这时 **KV 缓存** 才是真正的容量："
+                  "每个运行中的序列都占着其上下文的键和值，块用完时调度器必须抢占（之后重算）某个请求。"
+                  "最后，**分块大小**（每步 token 预算）在 TTFT 与 TPOT 之间权衡：预算大时长提示一步"
+                  "完成预填充，同一步里的解码被拖慢；预算小时提示分散到多步，token 持续输出，但首个 "
+                  "token 来得更晚。"},
+           {"en": "Shrink max_num_batched_tokens from 8192 to 256: which of TTFT and TPOT P99 "
+                  "gets better, which worse? Then cut the KV cache to 512 blocks: what happens "
+                  "to preemptions and TTFT?",
+            "zh": "把 max_num_batched_tokens 从 8192 降到 256：TTFT 与 TPOT 的 P99 哪个变好、哪个"
+                  "变差？再把 KV 缓存降到 512 块：抢占次数和 TTFT 会怎样？"},
+           exp_continuous_batching),
     Lesson("exercises",
-           {"en": "8. Four exercises", "zh": "8. 四道练习"},
+           {"en": "9. Four exercises", "zh": "9. 四道练习"},
            {"en": "1) Explain the difference between batching and concurrency, with numbers "
                   "from lesson 5. 2) For a low-latency product, small or large batches? Show it "
                   "in lesson 6 or the Compare page. 3) Write a minimal monitoring list for a "

@@ -44,6 +44,33 @@ def run_scenario(scenario: dict[str, Any]) -> sim.Result | None:
         return None
 
 
+@st.cache_data(show_spinner=False, max_entries=64)
+def simulate_llm(scenario_json: str) -> Any:
+    """Simulate an LLM scenario (cached on its JSON text)."""
+    import sim.llm
+
+    return sim.llm.run(json.loads(scenario_json))
+
+
+def run_llm_scenario(scenario: dict[str, Any]) -> Any:
+    """Validate and simulate an LLM scenario; show errors in the page (never a traceback)."""
+    from sim.llm.scenario import load_llm_scenario
+    from sim.workloads import WorkloadError
+
+    try:
+        validated = load_llm_scenario(scenario)
+    except (ScenarioError, ValueError) as exc:
+        st.error(f"Invalid scenario: {exc}")
+        return None
+    try:
+        with st.spinner("simulating…"):
+            return simulate_llm(json.dumps(validated.model_dump(mode="json", exclude_none=True),
+                                           sort_keys=True))
+    except (WorkloadError, ValueError) as exc:
+        st.error(f"Could not simulate: {exc}")
+        return None
+
+
 def estimated_requests(scenario: sim.Scenario) -> float:
     """Rough request count of a scenario (for the cap)."""
     w = scenario.workload

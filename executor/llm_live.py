@@ -26,6 +26,7 @@ from typing import Any
 from calibration.llm_decoder import LlamaDecoder, StepEntry
 from sim.llm.core import LlmCore
 from sim.llm.schedulers import StepPlan
+from sim.llm.step_model import Composition, StepModel
 
 
 class SlotTable:
@@ -51,10 +52,34 @@ class SlotTable:
             self.free.append(slot)
 
 
+class ReplayDecoder:
+    """A constant-speed stand-in for the decoder: each step sleeps for the step model's own
+    time of its composition. A live run on it measures what the engine adds (clock, Python
+    bookkeeping, hand-off), free of the device's drift.
+    """
+
+    def __init__(self, model: StepModel, max_slots: int, max_len: int) -> None:
+        from calibration.llm_decoder import DecoderConfig
+
+        self.model = model
+        self.cfg = DecoderConfig(hidden=2, layers=1, heads=1, kv_heads=1, intermediate=1,
+                                 vocab=2, max_slots=max_slots, max_len=max_len)
+
+    def run(self, comp: Composition) -> None:
+        """Sleep for the step's modelled time."""
+        from executor.testing import precise_sleep
+
+        precise_sleep(self.model.step_s(comp))
+
+    def describe(self) -> dict[str, Any]:
+        """Marked as a replay."""
+        return {"name": "replay", "model": repr(self.model)}
+
+
 class LiveLlmEngine:
     """Runs an :class:`LlmCore` in real time, one decoder per replica."""
 
-    def __init__(self, core: LlmCore, decoders: list[LlamaDecoder], *,
+    def __init__(self, core: LlmCore, decoders: list[LlamaDecoder] | list[ReplayDecoder], *,
                  drain_until_s: float = math.inf) -> None:
         if len(decoders) != len(core.schedulers):
             raise ValueError(f"need one decoder per replica ({len(core.schedulers)}), got "
@@ -87,17 +112,22 @@ class LiveLlmEngine:
             table.release(seq.id)
         return [StepEntry(table.slot(seq.id), seq.computed, n) for seq, n in plan.entries]
 
-    def _execute(self, replica: int, plan: StepPlan) -> tuple[float, float, str | None]:
+    def _execute(self, replica: int, plan: StepPlan,
+                 comp: Composition) -> tuple[float, float, str | None]:
         start = self.now_s()
         error = None
+        decoder = self.decoders[replica]
         try:
             entries = self._entries(replica, plan)
+            if isinstance(decoder, ReplayDecoder):  # a stand-in: the step model's own time
+                decoder.run(comp)
+                return start, self.now_s(), None
             if entries:
-                self.decoders[replica].step(entries)
+                decoder.step(entries)
             if plan.padding_seqs:  # static batching's finished rows are still computed
                 pads = [StepEntry(self.slots[replica].slot(-1 - k), 0, 1)
                         for k in range(plan.padding_seqs)]
-                self.decoders[replica].step(pads)
+                decoder.step(pads)
                 for k in range(plan.padding_seqs):
                     self.slots[replica].release(-1 - k)
         except Exception as exc:
@@ -132,7 +162,7 @@ class LiveLlmEngine:
                     if plan.wake_at_s is not None:
                         wake = min(wake, plan.wake_at_s)
                     continue
-                start, end, error = self._execute(r, plan)
+                start, end, error = self._execute(r, plan, comp)
                 if error is None:
                     core.complete(plan, comp, start, end, r)
                     self._release_finished(r, plan)

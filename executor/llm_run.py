@@ -111,7 +111,8 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
              stop_mode: str = "drain",
              on_engine: Callable[[LiveLlmEngine], None] | None = None,
              decoder_hook: Callable[[Any], Any] | None = None, max_wall_s: float = 600.0,
-             force: bool = True, decoders: list[Any] | None = None) -> LlmResult:
+             force: bool = True, decoders: list[Any] | None = None,
+             replay: bool = False) -> LlmResult:
     """Run an LLM scenario live and return the same :class:`LlmResult` as ``sim.llm.run``.
 
     Args:
@@ -129,6 +130,9 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
             checks unless ``--force``).
         decoders: Decoders to run on, one per replica (compare reuses its probed ones);
             default: built from :func:`llm_model_spec` and warmed up.
+        replay: Run on :class:`executor.llm_live.ReplayDecoder` stand-ins that sleep the
+            step model's own time (what the engine adds, free of device drift; works for
+            ``llm_linear`` scenarios too).
 
     Raises:
         LiveError: nothing to run live, or (``force=False``) the simulator predicts an
@@ -137,7 +141,7 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     import torch
 
     scn = load_llm_scenario(scenario, overrides)
-    spec = llm_model_spec(scn)
+    spec = {"device": "cpu"} if replay else llm_model_spec(scn)
     horizon_planned = horizon_s(scn, build_llm_core(scn).arrival_s)
     duration = getattr(scn.workload, "duration_s", None)
     drain = drain_timeout_s if drain_timeout_s is not None else (
@@ -152,7 +156,13 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     longest = int((core.prompt_tokens + core.output_tokens).max()) if core.arrival_s.size else 1
     cfg = scn.policy
     slots = int(getattr(cfg, "max_num_seqs", 0) or getattr(cfg, "max_batch_size", 1))
-    if decoders is None:
+    if decoders is None and replay:
+        from executor.llm_live import ReplayDecoder
+        from sim.llm.runner import build_step_model
+
+        decoders = [ReplayDecoder(build_step_model(scn), slots, longest + 1)
+                    for _ in range(scn.replicas)]
+    elif decoders is None:
         decoders = build_decoders(spec, scn.replicas, slots, longest + 1)
     decoders = [decoder_hook(d) for d in decoders] if decoder_hook else list(decoders)
     horizon = horizon_planned
@@ -182,7 +192,8 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     described = decoders[0].describe() if hasattr(decoders[0], "describe") else {}
     meta = run_meta(scn, driver="live", device={  # type: ignore[arg-type]
         "kind": str(spec.get("device") or "cpu"), "torch_threads": torch.get_num_threads()},
-        extra={"kind": "llm", "model": described, "end_s": end_s,
+        extra={"kind": "llm", "model": described, "runner": "replay" if replay else "decoder",
+               "end_s": end_s,
                "wall_s": time.perf_counter() - t0, "status_counts": counts,
                "stopped_early": engine.stopped_at_s is not None,
                "stopped_s": engine.stopped_at_s, "drain_timeout_s": drain,

@@ -18,7 +18,7 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-PAGES = {"explore": "", "compare": "compare", "calibration": "calibration",
+PAGES = {"explore": "", "compare": "compare", "llm": "llm", "calibration": "calibration",
          "verify": "verify", "course": "course"}
 
 

@@ -77,7 +77,7 @@ def test_verify_shows_the_shipped_comparison() -> None:
 def test_course_lessons_run_in_both_languages() -> None:
     at = page("course")
     lessons = at.selectbox(key="course-lesson").options
-    assert len(lessons) == 8
+    assert len(lessons) == 9
     for title in lessons:
         at.selectbox(key="course-lesson").set_value(title).run()
         assert not at.exception, title
@@ -108,3 +108,20 @@ def test_explore_shows_request_classes_and_priority_helps_the_urgent_class() -> 
     fifo, priority = p99("fifo"), p99("priority")
     assert priority["interactive"] < fifo["interactive"]
     assert priority["batch"] >= fifo["batch"] - 1e-9
+
+
+def test_llm_page_compares_schedulers_and_reacts_to_the_load() -> None:
+    at = page("llm")
+    table = at.dataframe[0].value
+    assert list(table["scheduler"]) == ["vllm, chunked prefill (512)", "static (batch 8)"]
+    # continuous batching beats request-level batching on the trace's mixed output lengths
+    by = table.set_index("scheduler")
+    assert by.loc["vllm, chunked prefill (512)", "TTFT P99 (ms)"] < by.loc[
+        "static (batch 8)", "TTFT P99 (ms)"]
+    assert len(at.get("plotly_chart")) == 3
+    before = metrics(at)
+    at.slider(key="llm-scale").set_value(2.0).run()
+    assert not at.exception and metrics(at) != before
+    at.selectbox(key="llm-model").set_value(
+        "CPU decoder, measured (builtin:llm-small-cpu)").run()
+    assert not at.exception
