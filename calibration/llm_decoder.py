@@ -138,6 +138,10 @@ class LlamaDecoder(nn.Module):
         shape = (cfg.layers, cfg.max_slots, cfg.kv_heads, cfg.max_len, hd)
         self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+        # commit every page now (zeros may be lazily mapped): otherwise the first steps that
+        # reach a fresh part of the cache pay page faults that no later step pays
+        self.k_cache.fill_(1.0).zero_()
+        self.v_cache.fill_(1.0).zero_()
         inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, device=device).float() / hd))
         angles = torch.outer(torch.arange(cfg.max_len, device=device).float(), inv)
         self.cos = angles.cos().to(dtype)

@@ -78,7 +78,13 @@ def check_llm_bounds(prediction: LlmResult, horizon: float, max_wall_s: float) -
 
 def build_decoders(spec: dict[str, Any], replicas: int, slots: int,
                    max_len: int) -> list[Any]:
-    """One warmed-up decoder per replica."""
+    """One warmed-up decoder per replica, with torch's CPU threads set to the spec's (the
+    count the profile was measured with) before anything runs.
+    """
+    if spec.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(spec["threads"]))
     out = []
     for _ in range(replicas):
         try:

@@ -17,7 +17,10 @@ st.caption("A `servelab compare` result: the same scenario simulated and run liv
            "prediction is good when its error is inside the live run-to-run spread.")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "compare-mlp"
-TARGETS = {"throughput_rps": 0.02, "latency_ms.p50": 0.02, "latency_ms.p99": 0.05}
+TARGETS = {"throughput_rps": 0.02, "latency_ms.p50": 0.02, "latency_ms.p99": 0.05,
+           # LLM runs (the LLM issue's targets)
+           "output_tokens_per_s": 0.02, "ttft_ms.p50": 0.05, "tpot_ms.p50": 0.05,
+           "ttft_ms.p99": 0.10, "tpot_ms.p99": 0.10}
 
 folder = st.text_input("compare result directory", str(EXAMPLE), key="verify-dir")
 top = Path(folder)
@@ -37,9 +40,18 @@ except (OSError, json.JSONDecodeError) as exc:
     st.stop()
 
 rows = pd.DataFrame(data["rows"])
-st.markdown(f"**{data['scenario']}** — ρ = {data['rho']:.2f}, {data['repeats']} live runs")
+llm = data.get("kind") == "llm"
+st.markdown(f"**{data['scenario']}** — "
+            + ("LLM scenario" if llm else f"ρ = {data['rho']:.2f}")
+            + f", {data['repeats']} live runs")
 probes = data.get("probes") or []
-if data.get("probed") and probes:
+if llm and data.get("probed") and probes:
+    st.info("Predictions use the step profile rescaled by the probes around each live run: "
+            + "; ".join(f"run {i + 1}: prefill ×{p['prefill_scale']:.3f}, decode "
+                        f"×{p['decode_scale']:.3f} (drift {100 * p['drift']:.1f}%)"
+                        for i, p in enumerate(probes))
+            + ". 'stored error' is the stored profile's prediction against the same runs.")
+elif data.get("probed") and probes:
     st.info("Predictions use the profile rescaled to the device's speed, probed around each "
             "live run: " + "; ".join(
                 f"run {p['repeat']}: ×{p['scale']:.3f} (drift during the run "
@@ -67,8 +79,29 @@ if "rel_error_stored" in rows:
     columns.append("stored error %")
 shown = shown[columns]
 st.dataframe(shown.style.apply(colour, axis=1).format(precision=3), hide_index=True)
-st.caption("Green: within the target (throughput and P50 ±2%, P99 ±5%) or inside the live "
-           "spread; orange: outside both.")
+st.caption("Green: within the target (throughput and P50 ±2%, P99 ±5%; LLM: TTFT/TPOT P50 "
+           "±5%, P99 ±10%) or inside the live spread; orange: outside both.")
+
+if llm:
+    import plotly.graph_objects as go
+
+    from calibration.report import PALETTE
+
+    fig = go.Figure()
+    dirs = [path / "sim", *sorted(path.glob("sim-*")), *sorted(path.glob("live-*"))]
+    for i, run_dir in enumerate(d for d in dirs if (d / "requests.parquet").is_file()):
+        req = pd.read_parquet(run_dir / "requests.parquet")
+        ok = req[req["status"] == "ok"]
+        ttft = ((ok["first_token_s"] - ok["arrival_s"]) * 1e3).sort_values().to_numpy()
+        if ttft.size:
+            fig.add_trace(go.Scatter(x=ttft, y=[(k + 1) / ttft.size for k in range(ttft.size)],
+                                     name=run_dir.name, mode="lines",
+                                     line={"color": PALETTE[i % len(PALETTE)]}))
+    fig.update_layout(title="TTFT CDF, sim vs live", xaxis_title="TTFT (ms)",
+                      xaxis_type="log", yaxis_title="fraction of requests",
+                      template="plotly", height=400)
+    st.plotly_chart(fig)
+    st.stop()
 
 
 def load_run(folder: Path) -> Result:

@@ -125,3 +125,14 @@ def test_llm_page_compares_schedulers_and_reacts_to_the_load() -> None:
     at.selectbox(key="llm-model").set_value(
         "CPU decoder, measured (builtin:llm-small-cpu)").run()
     assert not at.exception
+
+
+def test_verify_reads_an_llm_compare_directory() -> None:
+    at = page("verify")
+    llm_dir = PAGES.parent / "examples" / "compare-llm"
+    at.text_input(key="verify-dir").set_value(str(llm_dir)).run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert {"ttft_ms.p50", "tpot_ms.p99", "output_tokens_per_s"} <= set(table["metric"])
+    assert len(at.get("plotly_chart")) == 1  # the TTFT CDFs of sim and live runs
+    assert any("prefill ×" in i.value for i in at.info)
