@@ -21,9 +21,9 @@ HELD_OUT = 30
 
 
 def trace_compositions(prefill_max: int, decodes_max: int, context_max: int, n: int,
-                       seed: int) -> list[tuple[int, int, int]]:
-    """``n`` step compositions (P, D, KV tokens) of the Azure trace simulated under vLLM with
-    these limits, drawn at random.
+                       seed: int) -> list[tuple[int, int, int, int]]:
+    """``n`` step compositions (P, D, KV tokens, prefill context) of the Azure trace
+    simulated under vLLM with these limits, drawn at random.
     """
     import sim.llm
 
@@ -40,8 +40,9 @@ def trace_compositions(prefill_max: int, decodes_max: int, context_max: int, n: 
     rng = np.random.default_rng(seed)
     pick = rng.choice(len(steps), size=min(n, len(steps)), replace=False)
     rows = steps.iloc[np.sort(pick)]
-    return [(int(p), int(d), int(k)) for p, d, k in zip(
-        rows["prefill_tokens"], rows["decode_seqs"], rows["kv_tokens"], strict=True)]
+    return [(int(p), int(d), int(k), int(c)) for p, d, k, c in zip(
+        rows["prefill_tokens"], rows["decode_seqs"], rows["kv_tokens"],
+        rows["prefill_context"], strict=True)]
 
 
 def run_step_calibration(*, device: str, dtype: str, threads: int | None, reps: int,

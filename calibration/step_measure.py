@@ -44,16 +44,20 @@ class Grid:
         return out
 
 
+# prefill chunks of n tokens at these starts (a later chunk attends to its cached prefix)
+CONTEXT_CHUNKS = (64, 256, 512)
+CONTEXT_STARTS = (0, 256, 1024)
+
 CPU_GRID = Grid((0, 16, 64, 256, 512, 1024), (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
                 (128, 512, 1024, 1536))
 CUDA_GRID = Grid((0, 64, 256, 1024, 2048, 4096), (0, 1, 4, 16, 32, 63), (256, 1024, 3072))
 
 
-def entries_for(p: int, d: int, ctx: int) -> list[StepEntry]:
-    """A step of ``p`` prefill tokens (slot 0, from position 0) and ``d`` decodes at context
-    ``ctx`` (slots 1..d).
+def entries_for(p: int, d: int, ctx: int, start: int = 0) -> list[StepEntry]:
+    """A step of ``p`` prefill tokens (slot 0, from position ``start``) and ``d`` decodes at
+    context ``ctx`` (slots 1..d).
     """
-    out = [StepEntry(0, 0, p)] if p else []
+    out = [StepEntry(0, start, p)] if p else []
     out += [StepEntry(1 + i, ctx, 1) for i in range(d)]
     return out
 
@@ -92,10 +96,12 @@ def build_decoder(shape: str, overrides: dict[str, int], device: str, dtype: str
 
 def measure_steps(decoder: LlamaDecoder, grid: Grid, *, reps: int = 5, warmup: int = 1,
                   seed: int = 0, progress: Callable[[int, int], None] | None = None,
-                  held_out: Sequence[tuple[int, int, int]] = ()) -> StepProfile:
+                  held_out: Sequence[tuple[int, ...]] = ()) -> StepProfile:
     """Measure every grid point ``reps`` times (shuffled), after ``warmup`` runs each.
 
-    ``held_out`` compositions (P, D, total KV tokens) are timed in the same shuffled session,
+    Prefill chunks of :data:`CONTEXT_CHUNKS` tokens at the :data:`CONTEXT_STARTS` are timed
+    too (the prefix-attention term). ``held_out`` compositions (P, D, total KV tokens[,
+    prefill context]) are timed in the same shuffled session,
     so the device's drift touches them and the grid alike, but kept out of the grid: the
     profile's ``meta.held_out`` records each one's measured median, the interpolated and the
     linear prediction, and the relative errors.
@@ -107,20 +113,31 @@ def measure_steps(decoder: LlamaDecoder, grid: Grid, *, reps: int = 5, warmup: i
                          f"{grid.context_tokens[-1]}, prefill {grid.prefill_tokens[-1]}) does "
                          f"not fit the KV cache ({cfg.max_slots} slots × {cfg.max_len})")
     timed = _timer(str(decoder.k_cache.device))
-    points = grid.points()
-    extra = [(p, d, max(1, kv // d) if d else grid.context_tokens[0]) for p, d, kv in held_out]
-    for p, d, ctx in points + extra:
+    grid_points = [(p, d, ctx, 0) for p, d, ctx in grid.points()]
+    chunks = [(n, 0, grid.context_tokens[0], start) for n in CONTEXT_CHUNKS
+              for start in CONTEXT_STARTS if start + n <= cfg.max_len]
+    extra = []
+    for comp in held_out:
+        p, d, kv = comp[:3]
+        context = comp[3] if len(comp) > 3 else 0
+        extra.append((p, d, max(1, kv // d) if d else grid.context_tokens[0],
+                      min(context // p, cfg.max_len - p) if p else 0))
+    everything = grid_points + chunks + extra
+    for p, d, ctx, start in everything:
         for _ in range(warmup):
-            decoder.step(entries_for(p, d, ctx))
-    order = [(k, pt) for k, pt in enumerate(points + extra) for _ in range(reps)]
+            decoder.step(entries_for(p, d, ctx, start))
+    order = [(k, pt) for k, pt in enumerate(everything) for _ in range(reps)]
     np.random.default_rng(seed).shuffle(order)
-    timings: list[list[float]] = [[] for _ in points + extra]
-    for n, (k, (p, d, ctx)) in enumerate(order):
-        entries = entries_for(p, d, ctx)
+    timings: list[list[float]] = [[] for _ in everything]
+    for n, (k, (p, d, ctx, start)) in enumerate(order):
+        entries = entries_for(p, d, ctx, start)
         timings[k].append(timed(partial(decoder.step, entries)))
         if progress:
             progress(n + 1, len(order))
+    points = grid.points()
     samples = {StepProfile.key(*pt): timings[k] for k, pt in enumerate(points)}
+    context_samples = {f"{pt[0]},{pt[3]}": timings[len(grid_points) + k]
+                       for k, pt in enumerate(chunks)}
     described = decoder.describe()
     meta = {"model": described, "device": device_info(str(decoder.k_cache.device)),
             "dtype": str(decoder.k_cache.dtype).removeprefix("torch."),
@@ -129,14 +146,17 @@ def measure_steps(decoder: LlamaDecoder, grid: Grid, *, reps: int = 5, warmup: i
                        "sync": str(decoder.k_cache.device).startswith("cuda")},
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     profile = StepProfile(list(grid.prefill_tokens), list(grid.decode_seqs),
-                          list(grid.context_tokens), samples, meta=meta)
+                          list(grid.context_tokens), samples, meta=meta,
+                          prefill_context_s=context_samples)
     if extra:
         rows = []
-        for k, (p, d, ctx) in enumerate(extra, start=len(points)):
+        first = len(grid_points) + len(chunks)
+        for k, (p, d, ctx, start) in enumerate(extra, start=first):
             kv = d * ctx
             rows.append({"prefill_tokens": p, "decode_seqs": d, "kv_tokens": kv,
+                         "prefill_context": p * start,
                          "measured_ms": float(np.median(timings[k])) * 1e3,
-                         "predicted_ms": profile.step_s(p, d, kv) * 1e3,
+                         "predicted_ms": profile.step_s(p, d, kv, p * start) * 1e3,
                          "linear_ms": profile.linear_s(p, d, kv) * 1e3,
                          "inside_grid": bool(profile.inside(p, d, ctx))})
         measured = np.array([r["measured_ms"] for r in rows])

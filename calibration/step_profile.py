@@ -49,8 +49,12 @@ class StepProfile:
         context_tokens: Grid of L (ascending).
         samples_s: ``"P,D,L"`` -> every timed sample (seconds); D = 0 points are stored once
             at the first L.
-        fit: The linear model's coefficients (ms) and R².
+        fit: The linear model's coefficients (ms) and R²; with ``prefill_context_s``
+            also ``e_ms_per_prefill_context`` (ms per chunk token × start position).
         meta: Model, device, dtype, threads, method, versions.
+        prefill_context_s: ``"n,start"`` -> samples of one prefill chunk of ``n`` tokens
+            starting at ``start`` (its attention to the cached prefix); the extra time over
+            ``start`` = 0 fits ``e × n × start``.
     """
 
     prefill_tokens: list[int]
@@ -59,6 +63,7 @@ class StepProfile:
     samples_s: dict[str, list[float]]
     fit: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    prefill_context_s: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._p = np.asarray(self.prefill_tokens, float)
@@ -82,6 +87,8 @@ class StepProfile:
         self._grid = grid
         if not self.fit:
             self.fit = fit_linear(self.samples_s)
+        if self.prefill_context_s and "e_ms_per_prefill_context" not in self.fit:
+            self.fit["e_ms_per_prefill_context"] = fit_prefill_context(self.prefill_context_s)
 
     @staticmethod
     def key(p: int, d: int, ctx: int) -> str:
@@ -94,14 +101,17 @@ class StepProfile:
         """
         return p <= self._p[-1] and d <= self._d[-1] and (d == 0 or ctx <= self._l[-1])
 
-    def step_s(self, p: float, d: float, kv_tokens: float) -> float:
+    def step_s(self, p: float, d: float, kv_tokens: float,
+               prefill_context: float = 0.0) -> float:
         """Predicted seconds of a step with ``p`` prefill tokens and ``d`` decodes attending
         to ``kv_tokens`` in all: trilinear interpolation inside the grid, the linear model
-        outside it.
+        outside it; plus the prefill chunks' attention to their cached prefix
+        (``prefill_context`` = Σ tokens × start) where the profile measured it.
         """
+        extra = self.fit.get("e_ms_per_prefill_context", 0.0) * prefill_context / 1e3
         ctx = kv_tokens / d if d else float(self._l[0])
         if not self.inside(p, d, ctx):
-            return self.linear_s(p, d, kv_tokens)
+            return self.linear_s(p, d, kv_tokens) + extra
         ctx = min(max(ctx, self._l[0]), self._l[-1])
         (i0, i1, wi), (j0, j1, wj), (k0, k1, wk) = (
             _axis_weights(self._p, p), _axis_weights(self._d, d), _axis_weights(self._l, ctx))
@@ -113,7 +123,7 @@ class StepProfile:
                     w = a * b * c
                     if w:
                         total += w * g[i, j, k]
-        return float(total)
+        return float(total) + extra
 
     def linear_s(self, p: float, d: float, kv_tokens: float) -> float:
         """The fitted linear model's seconds (for extrapolation)."""
@@ -126,7 +136,8 @@ class StepProfile:
         return {"schema_version": SCHEMA_VERSION, "kind": "llm_step_profile",
                 "prefill_tokens": self.prefill_tokens, "decode_seqs": self.decode_seqs,
                 "context_tokens": self.context_tokens, "samples_s": self.samples_s,
-                "fit": self.fit, "meta": self.meta}
+                "fit": self.fit, "meta": self.meta,
+                "prefill_context_s": self.prefill_context_s}
 
     def save(self, path: str | Path) -> Path:
         """Write the profile as JSON."""
@@ -150,6 +161,23 @@ def fit_linear(samples_s: dict[str, list[float]]) -> dict[str, float]:
     return {"a_ms": float(coef[0]), "b_ms_per_prefill_token": float(coef[1]),
             "c_ms_per_decode_seq": float(coef[2]), "d_ms_per_kv_token": float(coef[3]),
             "r2": 1 - float(np.sum((y - pred) ** 2)) / sst}
+
+
+def fit_prefill_context(samples_s: dict[str, list[float]]) -> float:
+    """``e`` (ms per chunk token × start) from chunks timed at several starts: least squares
+    through the origin of (median − the same chunk's median at start 0) on ``n × start``.
+    """
+    medians = {tuple(int(v) for v in k.split(",")): float(np.median(v)) * 1e3
+               for k, v in samples_s.items()}
+    xs, ys = [], []
+    for (n, start), t in medians.items():
+        if start and (n, 0) in medians:
+            xs.append(n * start)
+            ys.append(t - medians[(n, 0)])
+    if not xs:
+        return 0.0
+    x, y = np.asarray(xs, float), np.asarray(ys, float)
+    return max(0.0, float(np.sum(x * y) / np.sum(x * x)))
 
 
 def builtin_step_profiles() -> list[str]:
@@ -191,7 +219,9 @@ def load_step_profile(ref: str | Path) -> StepProfile:
             decode_seqs=[int(v) for v in data["decode_seqs"]],
             context_tokens=[int(v) for v in data["context_tokens"]],
             samples_s={str(k): [float(x) for x in v] for k, v in data["samples_s"].items()},
-            fit=dict(data.get("fit") or {}), meta=dict(data.get("meta") or {}))
+            fit=dict(data.get("fit") or {}), meta=dict(data.get("meta") or {}),
+            prefill_context_s={str(k): [float(x) for x in v]
+                               for k, v in (data.get("prefill_context_s") or {}).items()})
     except (KeyError, TypeError, ValueError) as exc:
         raise StepProfileError(f"service.path: {text!r}: bad or missing field ({exc})") \
             from None

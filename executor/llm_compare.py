@@ -95,8 +95,10 @@ def rescaled(profile: StepProfile, prefill_scale: float, decode_scale: float) ->
         samples[key] = [v * factor for v in values]
     meta = {**profile.meta, "rescaled": {"prefill_scale": prefill_scale,
                                          "decode_scale": decode_scale}}
+    context = {k: [v * prefill_scale for v in values]
+               for k, values in profile.prefill_context_s.items()}
     return StepProfile(profile.prefill_tokens, profile.decode_seqs, profile.context_tokens,
-                       samples, meta=meta)
+                       samples, meta=meta, prefill_context_s=context)
 
 
 def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str | Path, *,

@@ -2,7 +2,9 @@
 
 A step's composition is what the device computes: ``prefill_tokens`` (prompt chunks and
 recomputation), ``decode_seqs`` (sequences computing one token; static batching's padding
-rows included) and ``kv_tokens`` (the context the decodes attend to).
+rows included), ``kv_tokens`` (the context the decodes attend to) and ``prefill_context``
+(Σ over prefill chunks of tokens × the chunk's start position: a later chunk of a long prompt
+also attends to the prefix already in the cache).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Composition:
     prefill_tokens: int
     decode_seqs: int
     kv_tokens: int
+    prefill_context: int = 0  # Σ chunk tokens × the chunk's start: its attention to the prefix
 
     @property
     def batched_tokens(self) -> int:
@@ -29,14 +32,16 @@ class Composition:
 
 def composition(plan: StepPlan) -> Composition:
     """The composition of a plan (before the step advances its sequences)."""
-    prefill = decode = kv = 0
+    prefill = decode = kv = context = 0
     for seq, n in plan.entries:
         if n == 1 and seq.decoding:
             decode += 1
             kv += seq.computed
         else:
             prefill += n
-    return Composition(prefill, decode + plan.padding_seqs, kv + plan.padding_kv_tokens)
+            context += n * seq.computed
+    return Composition(prefill, decode + plan.padding_seqs, kv + plan.padding_kv_tokens,
+                       context)
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ class ProfileStepModel:
         ctx = kv / d if d else 0.0
         if not self.profile.inside(p, d, ctx if d else self.profile.context_tokens[0]):
             self.extrapolated += 1
-        return self.profile.step_s(p, d, kv)
+        return self.profile.step_s(p, d, kv, comp.prefill_context)
 
 
 StepModel = LinearStepModel | ProfileStepModel

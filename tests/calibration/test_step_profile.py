@@ -143,3 +143,18 @@ def test_the_batched_decode_path_used_on_cuda_computes_the_same_logits(torch) ->
         return decoder.step(entries, token_ids=nxt, return_logits=True)
 
     assert torch.allclose(run(True), run(False), atol=1e-5)
+
+
+def test_a_later_prefill_chunk_pays_for_its_prefix(tmp_path) -> None:
+    prof = synthetic(lambda p, d, ctx: (1 + 0.01 * p) / 1e3)
+    e_ms = 2e-5  # ms per chunk token x start position
+    chunks = {f"{n},{start}": [(1 + 0.01 * n + e_ms * n * start) / 1e3] * 3
+              for n in (64, 256) for start in (0, 512, 1024)}
+    with_context = StepProfile(prof.prefill_tokens, prof.decode_seqs, prof.context_tokens,
+                               prof.samples_s, prefill_context_s=chunks)
+    assert with_context.fit["e_ms_per_prefill_context"] == pytest.approx(e_ms)
+    base = with_context.step_s(256, 0, 0)
+    assert with_context.step_s(256, 0, 0, 256 * 700) == pytest.approx(
+        base + e_ms * 256 * 700 / 1e3)
+    again = load_step_profile(with_context.save(tmp_path / "p.json"))
+    assert again.fit["e_ms_per_prefill_context"] == pytest.approx(e_ms)

@@ -142,6 +142,9 @@ def test_compare_llm_probes_rescales_and_compares_end_to_end(tmp_path) -> None:
     prof = load_step_profile("builtin:llm-small-cpu")
     double = rescaled(prof, 2.0, 2.0)
     assert double.step_s(300, 5, 2000) == pytest.approx(2 * prof.step_s(300, 5, 2000))
+    # the prefix-attention term is rescaled with the prefill speed, not dropped
+    assert double.step_s(256, 0, 0, 256 * 900) == pytest.approx(
+        2 * prof.step_s(256, 0, 0, 256 * 900))
     mixed = rescaled(prof, 1.0, 3.0)  # a prefill-only step follows the prefill scale mostly
     assert mixed.step_s(1024, 0, 0) < 1.3 * prof.step_s(1024, 0, 0)
     assert mixed.step_s(0, 16, 16 * 512) > 2.5 * prof.step_s(0, 16, 16 * 512)

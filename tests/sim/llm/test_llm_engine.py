@@ -69,6 +69,8 @@ def test_two_requests_with_chunked_prefill_step_by_step() -> None:
     assert list(steps["prefill_tokens"]) == [64, 64, 2, 0]
     assert list(steps["decode_seqs"]) == [0, 0, 1, 2]
     assert list(steps["num_seqs"]) == [1, 2, 2, 2]
+    # the chunks' attention to their cached prefix: tokens x start
+    assert list(steps["prefill_context"]) == [0, 36 * 64, 2 * 28, 0]
     step_ms = [BASE_MS + PP_MS * 64, BASE_MS + PP_MS * 64, BASE_MS + PP_MS * 2 + PD_MS,
                BASE_MS + 2 * PD_MS]
     ends = np.cumsum(step_ms) / 1e3
