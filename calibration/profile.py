@@ -288,30 +288,40 @@ def builtin_profiles() -> list[str]:
                   if p.name.endswith(".json") and not p.name.startswith("llm-"))
 
 
+def read_profile_json(ref: str | Path, names: list[str], what: str,
+                      error: type[UserError]) -> Any:
+    """The JSON of a shipped profile (``builtin:NAME``, one of ``names``) or of a file.
+
+    Raises:
+        ``error``: naming ``service.path``: an unknown builtin, a missing file, or bad JSON.
+    """
+    text_ref = str(ref)
+    if text_ref.startswith(BUILTIN_PREFIX):
+        name = text_ref[len(BUILTIN_PREFIX):]
+        if name not in names:
+            raise error(f"service.path: unknown builtin {what} {name!r}; "
+                        f"available: {', '.join(names)}")
+        text = (resources.files("calibration") / "profiles" / f"{name}.json").read_text()
+    else:
+        path = Path(text_ref)
+        if not path.is_file():
+            raise error(f"service.path: {what} file {text_ref!r} not found")
+        text = path.read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"service.path: {text_ref!r} is not valid JSON ({exc.msg}, "
+                    f"line {exc.lineno})") from None
+
+
 def load_profile(ref: str | Path, *, extrapolate: bool = False) -> LatencyProfile:
     """Load a profile from a path or a ``builtin:NAME`` reference.
 
     Raises:
         ProfileError: the file is missing, is not JSON, or is not a valid profile.
     """
-    text_ref = str(ref)
-    if text_ref.startswith(BUILTIN_PREFIX):
-        name = text_ref[len(BUILTIN_PREFIX):]
-        if name not in builtin_profiles():
-            raise ProfileError(f"service.path: unknown builtin profile {name!r}; "
-                               f"available: {', '.join(builtin_profiles())}")
-        text = (resources.files("calibration") / "profiles" / f"{name}.json").read_text()
-    else:
-        path = Path(text_ref)
-        if not path.is_file():
-            raise ProfileError(f"service.path: profile file {text_ref!r} not found")
-        text = path.read_text()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"service.path: {text_ref!r} is not valid JSON ({exc.msg}, "
-                           f"line {exc.lineno})") from None
-    return LatencyProfile.from_dict(data, source=text_ref, extrapolate=extrapolate)
+    data = read_profile_json(ref, builtin_profiles(), "profile", ProfileError)
+    return LatencyProfile.from_dict(data, source=str(ref), extrapolate=extrapolate)
 
 
 def profile_summary(profile: LatencyProfile) -> list[dict[str, float]]:

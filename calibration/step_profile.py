@@ -193,22 +193,10 @@ def load_step_profile(ref: str | Path) -> StepProfile:
     Raises:
         StepProfileError: missing file, bad JSON or fields (named).
     """
+    from calibration.profile import read_profile_json
+
     text = str(ref)
-    if text.startswith("builtin:"):
-        name = text.removeprefix("builtin:")
-        if name not in builtin_step_profiles():
-            raise StepProfileError(f"service.path: unknown builtin step profile {name!r}; "
-                                   f"available: {', '.join(builtin_step_profiles())}")
-        raw = (resources.files("calibration") / "profiles" / f"{name}.json").read_text()
-    else:
-        path = Path(text)
-        if not path.is_file():
-            raise StepProfileError(f"service.path: step profile {text!r} not found")
-        raw = path.read_text()
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise StepProfileError(f"service.path: {text!r} is not valid JSON ({exc})") from None
+    data = read_profile_json(ref, builtin_step_profiles(), "step profile", StepProfileError)
     if not isinstance(data, dict) or data.get("kind") != "llm_step_profile":
         raise StepProfileError(f"service.path: {text!r} is not an LLM step profile (kind "
                                "'llm_step_profile'; request-level profiles go with "
