@@ -1,6 +1,6 @@
 """Measure a runner's batched latency curve and turn it into a :class:`LatencyProfile`.
 
-Method (see ``shared/design.md``, fidelity method):
+Method (see the README, "Calibration: measuring the real model"):
   1. Probe the batch sizes in ascending order with ``warmup`` untimed runs each; the first size
      that runs out of memory is recorded as infeasible together with every larger size (memory
      is freed and the sweep goes on). Peak device memory per size is recorded on CUDA.

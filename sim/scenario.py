@@ -1,6 +1,6 @@
 """Scenario files: YAML validated by pydantic, with errors that name the field.
 
-The keys are a public contract (see ``shared/design.md``): keys may be added, never renamed.
+The keys are a public contract (see the README): keys may be added, never renamed.
 Every field has a default except what defines the experiment. Load with :func:`load_scenario`
 (path, ``builtin:NAME``, or a dict) and change fields with dotted overrides
 (``policy.max_batch_size=16``).

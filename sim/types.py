@@ -143,7 +143,7 @@ class ReplicaView:
 
 @runtime_checkable
 class Policy(Protocol):
-    """The policy contract (see ``shared/design.md``).
+    """The policy contract (see the README, "How the simulator works").
 
     A policy never reads a clock, sleeps, imports simpy or torch, or mutates the queue.
     """

@@ -1,6 +1,6 @@
 """Non-adaptive batching policies: no batching, greedy, fixed size.
 
-Pure objects following the policy contract in ``shared/design.md``: no clock, no simpy,
+Pure objects following the policy contract (README, "How the simulator works"): no clock, no simpy,
 no torch; the queue is only read.
 """
 
