@@ -25,8 +25,8 @@ from calibration.errors import UserError
 from calibration.llm_decoder import LlamaDecoder, StepEntry
 from calibration.step_profile import StepProfile, load_step_profile
 from executor.compare import compare_rows
-from executor.llm_run import build_decoders, live_llm, llm_model_spec
-from sim.llm.runner import build_llm_core
+from executor.llm_run import build_decoders, check_llm_bounds, live_llm, llm_model_spec
+from sim.llm.runner import build_llm_core, decoder_capacity, default_drain_s, horizon_s
 from sim.llm.scenario import LlmScenario, load_llm_scenario
 from sim.rundir import write_json
 
@@ -124,20 +124,14 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
                         "an llm_linear model has no device to compare against")
     out = Path(out_dir)
     stored_profile = load_step_profile(scn.service.path)
-    stored = sim.llm.run(scn, drain_timeout_s=drain_timeout_s)
+    drain_s = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
+    stored = sim.llm.run(scn, drain_timeout_s=drain_s)  # censored like the live runs
     stored.write(out / "sim")
-    if not force:
-        from executor.llm_run import check_llm_bounds
-        from sim.llm.runner import horizon_s
-
-        check_llm_bounds(stored, horizon_s(scn, stored.requests["arrival_s"].to_numpy()),
-                         max_wall_s * 1.0 / max(repeats, 1))
     core = build_llm_core(scn)
-    longest = int((core.prompt_tokens + core.output_tokens).max()) if core.arrival_s.size \
-        else 1
-    slots = int(getattr(scn.policy, "max_num_seqs", 0)
-                or getattr(scn.policy, "max_batch_size", 1))
-    decoders = build_decoders(llm_model_spec(scn), scn.replicas, slots, longest + 1)
+    if not force:
+        check_llm_bounds(stored, horizon_s(scn, core.arrival_s), max_wall_s, repeats)
+    slots, max_len = decoder_capacity(scn, core)
+    decoders = build_decoders(llm_model_spec(scn), scn.replicas, slots, max_len)
     lives, sims, probes = [], [], []
     for i in range(1, repeats + 1):
         probe = None
@@ -145,7 +139,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
             before = probe_llm(decoders[0], stored_profile)
         if progress:
             progress(f"live run {i}/{repeats}")
-        result = live_llm(scn, drain_timeout_s=drain_timeout_s, decoders=decoders)
+        result = live_llm(scn, drain_timeout_s=drain_s, decoders=decoders)
         run_dir = result.write(out / f"live-{i}")
         lives.append(result.summary)
         if probe_mode == "full":
@@ -159,7 +153,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
                               scales["decode_scale"])
             path = probed.save(run_dir / "probed-profile.json")
             predicted = sim.llm.run(scn, {"service.path": str(path)},
-                                    drain_timeout_s=drain_timeout_s)
+                                    drain_timeout_s=drain_s)
             predicted.write(out / f"sim-{i}")
             sims.append(predicted.summary)
             probes.append(probe)

@@ -21,7 +21,14 @@ from calibration.step_profile import load_step_profile
 from executor.llm_live import LiveLlmEngine, decoder_for
 from executor.run import LiveError
 from sim.llm.metrics import summarize_llm
-from sim.llm.runner import LlmResult, build_llm_core, horizon_s, tables
+from sim.llm.runner import (
+    LlmResult,
+    build_llm_core,
+    decoder_capacity,
+    default_drain_s,
+    horizon_s,
+    tables,
+)
 from sim.llm.runner import run as sim_run
 from sim.llm.scenario import LlmScenario, load_llm_scenario
 from sim.rundir import run_meta
@@ -53,27 +60,31 @@ def llm_model_spec(scenario: LlmScenario) -> dict[str, Any]:
     return spec
 
 
-def check_llm_bounds(prediction: LlmResult, horizon: float, max_wall_s: float) -> float:
-    """Refuse a live LLM run the simulator predicts unstable or longer than ``max_wall_s``.
+def check_llm_bounds(prediction: LlmResult, horizon: float, max_wall_s: float,
+                     repeats: int = 1) -> float:
+    """Refuse live LLM runs the simulator predicts unstable or, ``repeats`` of them
+    together, longer than ``max_wall_s``.
 
     Returns:
-        The predicted wall time (s).
+        The predicted wall time (s) of all the runs.
 
     Raises:
         LiveError: one line with the estimate and the way out.
     """
     stability = prediction.summary["stability"]
     end_s = float(prediction.meta["end_s"])
-    detail = (f"about {end_s:,.0f} s of wall time (horizon {horizon:,.0f} s + predicted "
-              f"drain {max(end_s - horizon, 0):,.0f} s)")
+    estimate = repeats * end_s
+    parts = f"horizon {horizon:,.0f} s + predicted drain {max(end_s - horizon, 0):,.0f} s"
+    detail = (f"about {estimate:,.0f} s of wall time ("
+              + (f"{repeats} runs × ({parts})" if repeats > 1 else parts) + ")")
     if stability["verdict"] == "unstable":
         raise LiveError(f"refusing to run live: the simulator predicts an unstable run "
                         f"({stability['reason']}); {detail}. Lower the load, or pass --force "
                         "(the run then stops draining after --drain-timeout-s)")
-    if end_s > max_wall_s:
+    if estimate > max_wall_s:
         raise LiveError(f"refusing to run live: {detail} exceeds --max-wall-s {max_wall_s:g}. "
                         "Shorten the workload, raise --max-wall-s, or pass --force")
-    return end_s
+    return estimate
 
 
 def build_decoders(spec: dict[str, Any], replicas: int, slots: int,
@@ -148,30 +159,25 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
 
     scn = load_llm_scenario(scenario, overrides)
     spec = {"device": "cpu"} if replay else llm_model_spec(scn)
-    horizon_planned = horizon_s(scn, build_llm_core(scn).arrival_s)
-    duration = getattr(scn.workload, "duration_s", None)
-    drain = drain_timeout_s if drain_timeout_s is not None else (
-        max(float(duration) - scn.warmup_s, 1.0) if duration else 60.0)
+    core = build_llm_core(scn)
+    horizon = horizon_s(scn, core.arrival_s)
+    drain = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
     if drain <= 0:
         raise LiveError(f"--drain-timeout-s {drain:g}: must be > 0")
     if not force:
-        check_llm_bounds(sim_run(scn, drain_timeout_s=drain), horizon_planned, max_wall_s)
-    core = build_llm_core(scn)
+        check_llm_bounds(sim_run(scn, drain_timeout_s=drain), horizon, max_wall_s)
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
-    longest = int((core.prompt_tokens + core.output_tokens).max()) if core.arrival_s.size else 1
-    cfg = scn.policy
-    slots = int(getattr(cfg, "max_num_seqs", 0) or getattr(cfg, "max_batch_size", 1))
+    slots, max_len = decoder_capacity(scn, core)
     if decoders is None and replay:
         from executor.llm_live import ReplayDecoder
         from sim.llm.runner import build_step_model
 
-        decoders = [ReplayDecoder(build_step_model(scn), slots, longest + 1)
+        decoders = [ReplayDecoder(build_step_model(scn), slots, max_len)
                     for _ in range(scn.replicas)]
     elif decoders is None:
-        decoders = build_decoders(spec, scn.replicas, slots, longest + 1)
+        decoders = build_decoders(spec, scn.replicas, slots, max_len)
     decoders = [decoder_hook(d) for d in decoders] if decoder_hook else list(decoders)
-    horizon = horizon_planned
     engine = LiveLlmEngine(core, decoders, drain_until_s=horizon + drain)
     if on_engine is not None:
         on_engine(engine)

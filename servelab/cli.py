@@ -177,16 +177,10 @@ def live_cmd(
 ) -> None:
     """Run SCENARIO in real time against the real model (same policies and schedule as sim)."""
     from executor.run import live
-    from sim.llm import is_llm_source
 
     if on_interrupt not in ("drain", "abandon"):
         fail(f"--on-interrupt {on_interrupt!r}: allowed: drain, abandon")
-    try:
-        llm = is_llm_source(scenario)
-    except USER_ERRORS as exc:
-        fail(str(exc))
-        return
-    if llm:
+    if _is_llm(scenario):
         _live_llm(scenario, out, set_, on_interrupt, drain_timeout_s, max_wall_s, force)
         return
     try:
@@ -219,6 +213,17 @@ def live_cmd(
         f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in health.items() if v["count"]))
     if out is not None:
         console.print(f"run directory: {out}")
+
+
+def _is_llm(scenario: str) -> bool:
+    """Whether SCENARIO is an LLM scenario (a bad reference ends in one error line)."""
+    from sim.llm import is_llm_source
+
+    try:
+        return is_llm_source(scenario)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return False
 
 
 def _live_llm(scenario: str, out: Path | None, set_: list[str] | None, on_interrupt: str,
@@ -276,14 +281,8 @@ def compare_cmd(
 ) -> None:
     """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
     from executor.compare import compare, sweep
-    from sim.llm import is_llm_source
 
-    try:
-        llm = is_llm_source(scenario)
-    except USER_ERRORS as exc:
-        fail(str(exc))
-        return
-    if llm:
+    if _is_llm(scenario):
         if sweep_:
             fail("--sweep: not available for LLM scenarios yet; sweep the rate with --set")
         _compare_llm(scenario, out, repeats, set_, probe, drain_timeout_s, max_wall_s, force)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from sim.core import ServingCore
+    from sim.llm.scenario import LlmScenario
     from sim.scenario import Scenario
     from sim.service import ServiceModel
 
@@ -62,8 +63,10 @@ class Window:
         return max(self.horizon_s - self.warmup_s, 0.0)
 
 
-def horizon_s(scenario: Scenario, last_arrival_s: float) -> float:
-    """End of the measurement window: duration_s, else the last arrival."""
+def horizon_s(scenario: Scenario | LlmScenario, last_arrival_s: float) -> float:
+    """End of the measurement window: duration_s, else the last arrival (request-level and
+    LLM scenarios alike).
+    """
     duration = getattr(scenario.workload, "duration_s", None)
     if duration is not None and math.isfinite(duration):
         return float(duration)

@@ -69,12 +69,12 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
     e2e = (finish - arrival)[ok]
     multi = ok & (out_tokens > 1)
     tpot = ((finish - first)[multi] / (out_tokens[multi] - 1))
-    gaps = []
-    for i in np.flatnonzero(ok):
-        times = token_s[token_offset[i]:token_offset[i + 1]]
-        if times.size > 1:
-            gaps.append(np.diff(times))
-    itl = np.concatenate(gaps) if gaps else np.empty(0)
+    # ITL: gaps between consecutive tokens of one request, for the ok requests
+    n_req = len(requests)
+    owner = np.repeat(np.arange(n_req), np.diff(token_offset[:n_req + 1]))
+    times = token_s[:owner.size]
+    same = (owner[1:] == owner[:-1]) & ok[owner[1:]] if owner.size > 1 else np.zeros(0, bool)
+    itl = np.diff(times)[same] if owner.size > 1 else np.empty(0)
     completed = (status == "ok") & (finish >= lo) & (finish <= hi)
     good = completed.copy()
     if ttft_slo_ms is not None:

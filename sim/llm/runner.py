@@ -31,6 +31,7 @@ from sim.llm.schedulers import (
 from sim.llm.step_model import LinearStepModel, ProfileStepModel, StepModel
 from sim.llm.tokens import request_tokens
 from sim.rundir import run_meta, write_json
+from sim.window import horizon_s as window_horizon_s
 from sim.workloads import ArrivalSchedule, OpenLoop
 
 
@@ -169,11 +170,27 @@ def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf) -> floa
 
 
 def horizon_s(scenario: LlmScenario, arrival_s: np.ndarray) -> float:
-    """End of the measurement window: ``duration_s``, else the last arrival."""
+    """End of the measurement window (:func:`sim.window.horizon_s` of the last arrival)."""
+    return window_horizon_s(scenario, float(arrival_s[-1]) if arrival_s.size else 0.0)
+
+
+def default_drain_s(scenario: LlmScenario) -> float:
+    """The default drain timeout of live LLM runs and their predictions: the window's
+    length (``duration_s`` − ``warmup_s``, at least 1 s), else 60 s.
+    """
     duration = getattr(scenario.workload, "duration_s", None)
-    if duration is not None:
-        return float(duration)
-    return float(arrival_s[-1]) if arrival_s.size else 0.0
+    return max(float(duration) - scenario.warmup_s, 1.0) if duration else 60.0
+
+
+def decoder_capacity(scenario: LlmScenario, core: LlmCore) -> tuple[int, int]:
+    """(KV-cache slots, tokens per slot) a live decoder needs for this scenario's requests:
+    the scheduler's sequence limit and the longest prompt + output.
+    """
+    cfg = scenario.policy
+    slots = int(getattr(cfg, "max_num_seqs", 0) or getattr(cfg, "max_batch_size", 1))
+    longest = int((core.prompt_tokens + core.output_tokens).max()) if core.arrival_s.size \
+        else 1
+    return slots, longest + 1
 
 
 def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
