@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 import sim.llm
 from calibration.errors import UserError
@@ -26,6 +27,7 @@ from calibration.llm_decoder import LlamaDecoder, StepEntry
 from calibration.step_profile import StepProfile, load_step_profile
 from executor.compare import compare_rows
 from executor.llm_run import build_decoders, check_llm_bounds, live_llm, llm_model_spec
+from sim.llm.load import load_overrides, saturation_rps
 from sim.llm.runner import build_llm_core, decoder_capacity, default_drain_s, horizon_s
 from sim.llm.scenario import LlmScenario, load_llm_scenario
 from sim.rundir import write_json
@@ -105,9 +107,13 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
                 repeats: int = 3, overrides: list[str] | dict[str, Any] | None = None,
                 probe_mode: str = "full", drain_timeout_s: float | None = None,
                 max_wall_s: float = 600.0, force: bool = False,
-                progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                progress: Callable[[str], None] | None = None,
+                decoders: list[Any] | None = None) -> dict[str, Any]:
     """Simulate, run live ``repeats`` times (probing around each), compare; write
     ``compare.json``, ``sim/``, ``sim-i/`` and ``live-i/`` run directories.
+
+    ``decoders`` (one per replica, large enough for the scenario's requests) are reused
+    instead of building new ones (a sweep builds them once).
 
     Raises:
         UserError: bad arguments, no step profile, or (``force=False``) a run the simulator
@@ -130,8 +136,9 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
     core = build_llm_core(scn)
     if not force:
         check_llm_bounds(stored, horizon_s(scn, core.arrival_s), max_wall_s, repeats)
-    slots, max_len = decoder_capacity(scn, core)
-    decoders = build_decoders(llm_model_spec(scn), scn.replicas, slots, max_len)
+    if decoders is None:
+        slots, max_len = decoder_capacity(scn, core)
+        decoders = build_decoders(llm_model_spec(scn), scn.replicas, slots, max_len)
     lives, sims, probes = [], [], []
     for i in range(1, repeats + 1):
         probe = None
@@ -161,9 +168,77 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
                         stored_summary=stored.summary if sims else None,
                         metrics=LLM_METRICS)
     data = {"scenario": scn.name, "kind": "llm", "repeats": repeats, "probe_mode": probe_mode,
+            "offered_rps": stored.summary["stability"]["offered_rps"],
             "probed": bool(sims), "probes": [{k: p[k] for k in ("prefill_scale",
                                                                 "decode_scale", "drift")}
                                              for p in probes],
             "rows": rows}
     write_json(out / "compare.json", data)
     return data
+
+
+def sweep_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str | Path,
+              rhos: Sequence[float], *, repeats: int = 3,
+              overrides: list[str] | dict[str, Any] | None = None, probe_mode: str = "full",
+              drain_timeout_s: float | None = None, max_wall_s: float = 600.0,
+              force: bool = False, progress: Callable[[str], None] | None = None
+              ) -> pd.DataFrame:
+    """``compare_llm`` at each target load ρ (offered request rate over the configuration's
+    capacity, :mod:`sim.llm.load`); writes ``fidelity.csv``/``.json`` and returns the rows.
+
+    With ``probe_mode="full"`` the capacity is found on the profile refreshed by one probe of
+    the decoder taken first (saved as ``rate-probe-profile.json``), so each ρ is the load the
+    device really sees; one set of decoders, sized for the largest point, serves every run.
+    """
+    scn = load_llm_scenario(scenario, overrides)
+    if scn.service.kind != "llm_profile":
+        raise UserError("service.kind: compare needs a measured step profile (llm_profile); "
+                        "an llm_linear model has no device to compare against")
+    if not rhos:
+        raise UserError("--sweep: give at least one load, e.g. 0.3,0.6,0.8,0.9")
+    for rho in rhos:
+        if not (math.isfinite(rho) and 0 < rho < 1.5):
+            raise UserError(f"--sweep rho={rho}: must lie in (0, 1.5)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stored_profile = load_step_profile(scn.service.path)
+    capacity_stored = saturation_rps(scn)
+    # room for every point up to a device 1.5x faster than its profile (more requests)
+    points = [load_llm_scenario(scn, load_overrides(scn, r * f, capacity_stored))
+              for r in rhos for f in (1.0, 1.5)]
+    sizes = [decoder_capacity(p, build_llm_core(p)) for p in points]
+    slots, max_len = max(s for s, _ in sizes), max(m for _, m in sizes)
+    decoders = build_decoders(llm_model_spec(scn), scn.replicas, slots, max_len)
+    rate_scn, capacity = scn, capacity_stored
+    if probe_mode == "full":
+        measured = probe_llm(decoders[0], stored_profile)
+        path = rescaled(stored_profile, measured["prefill_scale"],
+                        measured["decode_scale"]).save(out / "rate-probe-profile.json")
+        rate_scn = load_llm_scenario(scn, {"service.path": str(path)})
+        capacity = saturation_rps(rate_scn)
+    rows = []
+    for rho in rhos:
+        ov = load_overrides(scn, rho, capacity)
+        sub = load_llm_scenario(scn, ov)
+        need_slots, need_len = decoder_capacity(sub, build_llm_core(sub))
+        if need_slots > slots or need_len > max_len:
+            raise UserError(f"--sweep rho={rho}: the probed device is so much faster than the "
+                            "profile that this load's requests do not fit the decoders; "
+                            "re-measure the step profile")
+        if progress:
+            progress(f"rho={rho:g}: capacity {capacity:.3g} req/s, "
+                     + ", ".join(f"{k.split('.')[-1]} {v:.3g}" for k, v in ov.items()))
+        data = compare_llm(sub, out / f"rho-{rho:g}", repeats=repeats, probe_mode=probe_mode,
+                           drain_timeout_s=drain_timeout_s, max_wall_s=max_wall_s,
+                           force=force, progress=progress, decoders=decoders)
+        for row in data["rows"]:
+            rows.append({"target_rho": rho, "capacity_rps": capacity,
+                         "capacity_stored_rps": capacity_stored,
+                         "rate_rps": rho * capacity, "offered_rps": data["offered_rps"],
+                         **row})
+    frame = pd.DataFrame(rows)
+    frame.to_csv(out / "fidelity.csv", index=False)
+    write_json(out / "fidelity.json", {"kind": "llm", "scenario": scn.name,
+                                       "capacity_rps": capacity,
+                                       "capacity_stored_rps": capacity_stored, "rows": rows})
+    return frame

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -265,7 +266,8 @@ def compare_cmd(
         "--set", help="Override a field (repeatable)."),
     ] = None,
     sweep_: Annotated[str | None, typer.Option(
-        "--sweep", help="Comma-separated target utilisations, e.g. 0.3,0.6,0.8,0.9.")] = None,
+        "--sweep", help="Comma-separated target loads, e.g. 0.3,0.6,0.8,0.9: device "
+        "utilisation; for LLM scenarios offered rate over capacity.")] = None,
     probe: Annotated[str, typer.Option(
         "--probe", help="full: re-measure the device's speed and the dispatch overhead around "
         "each live run and predict on the profile refreshed by them (the stored profile's "
@@ -282,20 +284,25 @@ def compare_cmd(
     """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
     from executor.compare import compare, sweep
 
+    rhos: list[float] = []
+    if sweep_:
+        try:
+            rhos = [float(x) for x in sweep_.split(",") if x.strip()]
+        except ValueError:
+            fail(f"--sweep {sweep_!r}: give comma-separated numbers, e.g. 0.3,0.6,0.8,0.9")
+            return
     if _is_llm(scenario):
-        if sweep_:
-            fail("--sweep: not available for LLM scenarios yet; sweep the rate with --set")
-        _compare_llm(scenario, out, repeats, set_, probe, drain_timeout_s, max_wall_s, force)
+        _compare_llm(scenario, out, repeats, set_, probe, drain_timeout_s, max_wall_s, force,
+                     rhos)
         return
 
     try:
         if sweep_:
-            rhos = [float(x) for x in sweep_.split(",") if x.strip()]
             frame = sweep(scenario, out, rhos, repeats=repeats, overrides=set_ or None,
                           progress=lambda m: console.print(f"[dim]{m}[/]"), probe_mode=probe,
                           probe_budget_s=probe_budget_s, drain_timeout_s=drain_timeout_s,
                           max_wall_s=max_wall_s, force=force)
-            console.print(_fidelity_table(frame))
+            console.print(_fidelity_table(frame, REQUEST_FIDELITY_KEYS))
             console.print(f"fidelity curve: {out / 'fidelity.csv'}")
             return
         data = compare(scenario, out, repeats=repeats, overrides=set_ or None,
@@ -316,11 +323,23 @@ def compare_cmd(
 
 
 def _compare_llm(scenario: str, out: Path, repeats: int, set_: list[str] | None, probe: str,
-                 drain_timeout_s: float | None, max_wall_s: float, force: bool) -> None:
-    """``servelab compare`` for an LLM scenario."""
-    from executor.llm_compare import compare_llm
+                 drain_timeout_s: float | None, max_wall_s: float, force: bool,
+                 rhos: list[float]) -> None:
+    """``servelab compare`` (and ``--sweep``) for an LLM scenario."""
+    from executor.llm_compare import compare_llm, sweep_llm
 
     try:
+        if rhos:
+            frame = sweep_llm(scenario, out, rhos, repeats=repeats, overrides=set_ or None,
+                              probe_mode=probe, drain_timeout_s=drain_timeout_s,
+                              max_wall_s=max_wall_s, force=force,
+                              progress=lambda m: console.print(f"[dim]{m}[/]"))
+            console.print(_fidelity_table(frame, LLM_FIDELITY_KEYS))
+            console.print(f"capacity {frame['capacity_rps'].iloc[0]:.3g} req/s on the probed "
+                          f"profile ({frame['capacity_stored_rps'].iloc[0]:.3g} on the stored "
+                          "one); rho = offered rate / capacity")
+            console.print(f"fidelity curve: {out / 'fidelity.csv'}")
+            return
         data = compare_llm(scenario, out, repeats=repeats, overrides=set_ or None,
                            probe_mode=probe, drain_timeout_s=drain_timeout_s,
                            max_wall_s=max_wall_s, force=force,
@@ -356,13 +375,18 @@ def _compare_table(data: dict[str, object]) -> object:
     return table
 
 
-def _fidelity_table(frame: object) -> object:
+REQUEST_FIDELITY_KEYS = ("throughput_rps", "latency_ms.p50", "latency_ms.p99",
+                         "mean_batch_size")
+LLM_FIDELITY_KEYS = ("throughput_rps", "output_tokens_per_s", "ttft_ms.p50", "ttft_ms.p99",
+                     "tpot_ms.p50", "tpot_ms.p99")
+
+
+def _fidelity_table(frame: object, keys: Sequence[str]) -> object:
     import pandas as pd
     from rich.table import Table
 
     assert isinstance(frame, pd.DataFrame)
     table = Table(title="fidelity vs load (relative error sim vs live median)")
-    keys = ["throughput_rps", "latency_ms.p50", "latency_ms.p99", "mean_batch_size"]
     for col in ("target rho", "rate req/s", *keys):
         table.add_column(col, justify="right")
     for rho, g in frame.groupby("target_rho"):

@@ -145,6 +145,7 @@ class TraceWorkloadCfg(_Bounds):
     time_scale: float = Field(1.0, gt=0)
     rate_scale: float = Field(1.0, gt=0)
     size_column: str | None = None
+    start_s: float = Field(0.0, ge=0)
 
 
 class ClosedWorkloadCfg(_Bounds):

@@ -255,7 +255,8 @@ class Trace(OpenLoop):
     """Replay arrivals from a CSV file (the whole trace unless bounded).
 
     Times come from ``timestamp_column`` (datetimes, or numbers in seconds), shifted to start
-    at 0 and multiplied by ``time_scale`` (2 = twice as slow). ``rate_scale`` keeps the timing
+    at 0 and multiplied by ``time_scale`` (2 = twice as slow); ``start_s`` (in the trace's own
+    seconds) drops the rows before it, so a slice starts there. ``rate_scale`` keeps the timing
     pattern and changes the rate: below 1 each request is kept with that probability, above 1
     each request is sent ``floor(rate_scale)`` times plus once more with the fractional
     probability. Sizes from ``size_column`` if given.
@@ -264,9 +265,12 @@ class Trace(OpenLoop):
     needs_bound = False
 
     def __init__(self, path: str, timestamp_column: str = "TIMESTAMP", time_scale: float = 1.0,
-                 rate_scale: float = 1.0, size_column: str | None = None,
+                 rate_scale: float = 1.0, size_column: str | None = None, start_s: float = 0.0,
                  **bounds: object) -> None:
         self.path = data_path(path)
+        if not (math.isfinite(start_s) and start_s >= 0):
+            raise WorkloadError(f"workload.start_s: {start_s!r} must be a finite number >= 0")
+        self.start_s = float(start_s)
         self.timestamp_column = timestamp_column
         self.time_scale = _check("time_scale", time_scale)
         self.rate_scale = _check("rate_scale", rate_scale)
@@ -278,7 +282,7 @@ class Trace(OpenLoop):
 
     def __repr__(self) -> str:
         return (f"Trace(path={str(self.path)!r}, time_scale={self.time_scale:g}, "
-                f"rate_scale={self.rate_scale:g})")
+                f"rate_scale={self.rate_scale:g}, start_s={self.start_s:g})")
 
     def _load(self) -> tuple[np.ndarray, np.ndarray]:
         try:
@@ -322,13 +326,18 @@ class Trace(OpenLoop):
             raise WorkloadError(f"workload.timestamp_column: {self.timestamp_column!r} must "
                                 f"not go back in time (data row {row + 1}: {raw.iloc[row]} "
                                 f"after {raw.iloc[row - 1]}); sort the trace by it first")
-        seconds = (seconds - seconds[0]) * self.time_scale
-        return seconds, sizes
+        seconds = seconds - seconds[0]
+        first = int(np.searchsorted(seconds, self.start_s))
+        if first == seconds.size:
+            raise WorkloadError(f"workload.start_s: {self.start_s:g} s is past the trace's "
+                                f"last row ({seconds[-1]:g} s)")
+        self._first_row = first
+        return (seconds[first:] - self.start_s) * self.time_scale, sizes[first:]
 
     def schedule(self, rng: np.random.Generator) -> ArrivalSchedule:
         """The (rate-scaled, bounded) trace."""
         times, sizes = self._times_s, self._sizes
-        rows = np.arange(times.size)
+        rows = np.arange(self._first_row, self._first_row + times.size)
         if self.rate_scale != 1.0:
             whole = math.floor(self.rate_scale)
             copies = whole + (rng.random(times.size) < self.rate_scale - whole)

@@ -104,7 +104,8 @@ def build_step_model(scenario: LlmScenario) -> StepModel:
                            s.per_kv_token_ms)
 
 
-TOKEN_KEYS = ("prompt_tokens", "output_tokens", "prompt_tokens_column", "output_tokens_column")
+TOKEN_KEYS = ("prompt_tokens", "output_tokens", "prompt_tokens_column", "output_tokens_column",
+              "prompt_tokens_max", "output_tokens_max")
 
 
 def llm_schedule(scenario: LlmScenario) -> tuple[ArrivalSchedule, np.ndarray, np.ndarray]:

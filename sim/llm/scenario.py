@@ -7,7 +7,8 @@ public contract):
 
 * ``workload``: any open-loop arrival process of the request-level scenarios plus
   ``prompt_tokens`` and ``output_tokens`` (a number, or ``{dist: constant|uniform|lognormal|
-  empirical, ...}``), or for a ``trace`` ``prompt_tokens_column``/``output_tokens_column``;
+  empirical, ...}``), or for a ``trace`` ``prompt_tokens_column``/``output_tokens_column``
+  (truncated to ``prompt_tokens_max``/``output_tokens_max`` when given);
 * ``service``: ``llm_linear`` (``base_ms``, ``per_prefill_token_ms``, ``per_decode_seq_ms``,
   ``per_kv_token_ms``) or ``llm_profile`` (``path``: a measured step profile);
 * ``policy``: ``static``, ``continuous``, ``vllm`` or ``sarathi`` with vLLM's knob names;
@@ -126,6 +127,17 @@ class LlmTraceCfg(TraceWorkloadCfg, _Tokens):
 
     prompt_tokens_column: str | None = None
     output_tokens_column: str | None = None
+    prompt_tokens_max: int | None = Field(None, ge=1)
+    output_tokens_max: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _max_needs_column(self) -> LlmTraceCfg:
+        for name in ("prompt_tokens", "output_tokens"):
+            if getattr(self, f"{name}_max") is not None and \
+                    getattr(self, f"{name}_column") is None:
+                raise ValueError(f"workload.{name}_max: truncates {name}_column, which is not "
+                                 f"given (a distribution takes its own max)")
+        return self
 
 
 LlmWorkloadCfg = Annotated[

@@ -76,7 +76,8 @@ def draw_tokens(spec: Any, n: int, rng: np.random.Generator, field: str) -> np.n
 def request_tokens(workload: Any, schedule: ArrivalSchedule,
                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(prompt_tokens, output_tokens) per arrival: trace columns where given (following the
-    schedule's trace rows), else draws from the distributions.
+    schedule's trace rows, truncated to ``prompt_tokens_max``/``output_tokens_max`` when set),
+    else draws from the distributions.
     """
     n = len(schedule)
     out: list[np.ndarray] = []
@@ -85,8 +86,9 @@ def request_tokens(workload: Any, schedule: ArrivalSchedule,
         if column is not None:
             assert isinstance(workload, LlmTraceCfg)
             assert schedule.rows is not None
-            values = _column(workload.path, column, f"workload.{name}_column")
-            out.append(values[schedule.rows])
+            values = _column(workload.path, column, f"workload.{name}_column")[schedule.rows]
+            cap = getattr(workload, f"{name}_max")
+            out.append(values if cap is None else np.minimum(values, cap))
         else:
             out.append(draw_tokens(getattr(workload, name), n, rng, f"workload.{name}"))
     return out[0], out[1]

@@ -192,3 +192,39 @@ def test_the_replay_stand_in_reproduces_the_simulator_up_to_the_engines_overhead
     assert ttft_live == pytest.approx(ttft_sim, abs=0.003)
     assert replayed.summary["tpot_ms"]["p50"] == pytest.approx(
         simulated.summary["tpot_ms"]["p50"], rel=0.1)
+
+
+@pytest.mark.slow
+def test_compare_sweep_runs_each_llm_load_live_and_writes_the_fidelity_curve(tmp_path) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+
+    cfg = {"name": "cmp-sweep", "seed": 5,
+           "service": {"kind": "llm_profile", "path": "builtin:llm-small-cpu"},
+           "workload": {"kind": "poisson", "rate_rps": 1, "duration_s": 3,
+                        "prompt_tokens": {"dist": "uniform", "low": 16, "high": 128},
+                        "output_tokens": {"dist": "uniform", "low": 2, "high": 12}},
+           "policy": {"kind": "vllm", "num_gpu_blocks": 500, "max_num_seqs": 8,
+                      "max_num_batched_tokens": 256},
+           "warmup_s": 0.5}
+    path = tmp_path / "cmp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(app, ["compare", str(path), "--sweep", "0.2,0.5",
+                                      "--repeats", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "fidelity vs load" in result.output and "capacity" in result.output
+    data = json.loads((out / "fidelity.json").read_text())
+    capacity = data["capacity_rps"]
+    assert capacity > 0 and (out / "rate-probe-profile.json").exists()
+    rows = {(r["target_rho"], r["metric"]): r for r in data["rows"]}
+    for rho in (0.2, 0.5):
+        # each point offers rho x the probed capacity, and ran live (its own directories)
+        assert rows[rho, "ttft_ms.p50"]["rate_rps"] == pytest.approx(rho * capacity)
+        assert (out / f"rho-{rho:g}" / "live-1" / "summary.json").exists()
+        assert rows[rho, "throughput_rps"]["live_median"] > 0
+    bad = CliRunner().invoke(app, ["compare", str(path), "--sweep", "0.2,x", "--out",
+                                   str(out)])
+    assert bad.exit_code != 0 and "comma-separated numbers" in bad.output
