@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from sim.admission import Admission
 from sim.dispatch import Batch, Dispatcher, PolicyError
+from sim.fleet import DRAINING, OFF, READY, STARTING, Fleet
 from sim.invariants import InvariantError, check_invariants
 from sim.queues import RequestQueue, make_queue
 from sim.records import BatchTable, QueueSeries, RequestTable
@@ -53,11 +54,16 @@ class Step(NamedTuple):
     Attributes:
         start: Batches to start now, in dispatch order.
         wake_s: Call :meth:`ServingCore.step` again at this time if no batch finishes first
-            (the next arrival while a replica is free, or a policy's wake-up; inf: never).
+            (the next arrival while a replica is free, a policy's wake-up, or the
+            autoscaler's next control period; inf: never).
+        launch: Replicas to start (autoscaling): load the model, then report them ready.
+        stop: Replicas that have finished their work after being removed: free the model.
     """
 
     start: list[Batch]
     wake_s: float
+    launch: tuple[int, ...] = ()
+    stop: tuple[int, ...] = ()
 
 
 class ServingCore:
@@ -73,12 +79,14 @@ class ServingCore:
         timeout_s: Expire a request still waiting this long after arrival (None: never).
         estimate_s: Latency model, seconds for a batch of ``items`` items (for routing by
             work and for batch expectations).
+        fleet: Autoscaled replicas (one policy per slot); None: every replica always ready.
     """
 
     def __init__(self, table: RequestTable, source: Source, policies: Sequence[Policy], *,
                  router: Router | None = None, discipline: str = "fifo",
                  max_len: int | None = None, timeout_s: float | None = None,
-                 estimate_s: Callable[[int], float] = lambda items: 0.0) -> None:
+                 estimate_s: Callable[[int], float] = lambda items: 0.0,
+                 fleet: Fleet | None = None) -> None:
         self.table = table
         self.source = source
         n = len(policies)
@@ -96,15 +104,25 @@ class ServingCore:
                                      self.queue_series, estimate_s,
                                      needs_work=bool(getattr(router, "needs_work_estimate",
                                                              False)))
+        self.fleet = fleet
         self.admission = Admission(table, source, self.queues, router, self.queue_series,
-                                   self.dispatcher.loads, max_len=max_len, timeout_s=timeout_s)
+                                   self.dispatcher.loads, max_len=max_len, timeout_s=timeout_s,
+                                   candidates=self.route_candidates if fleet else None)
         self.wake_at_s = [math.inf] * n  # a policy's requested wake-up (only while free)
         for q in range(n_queues):
             self.queue_series.record(0.0, q, 0)
+        self._launch: list[int] = []
+        self._stop: list[int] = []
+        if fleet is not None:
+            if len(fleet.state) != n:
+                raise ValueError(f"fleet has {len(fleet.state)} slots for {n} policies")
+            for r, state in enumerate(fleet.state):
+                if state != READY:
+                    self.dispatcher.set_active(r, False, 0.0)
 
     # -- the event loop ----------------------------------------------------------------------
     def step(self, now_s: float, finished: Sequence[Finished] = (), *,
-             dispatch: bool = True) -> Step:
+             dispatch: bool = True, ready: Sequence[tuple[int, float]] = ()) -> Step:
         """Advance the core to ``now_s``; see the module docstring for the order.
 
         Args:
@@ -112,18 +130,39 @@ class ServingCore:
             finished: Batches that ended since the last call (``finish_s`` <= ``now_s``).
             dispatch: False: record finishes and arrivals but consult no policy (a run that
                 is being abandoned or closed).
+            ready: Launched replicas whose cold start ended since the last call, with the
+                time it ended (autoscaling).
 
         Returns:
-            The batches to start now and when to call again.
+            The batches to start now, when to call again, and replicas to launch or stop.
         """
-        admission, dispatcher = self.admission, self.dispatcher
+        admission, dispatcher, fleet = self.admission, self.dispatcher, self.fleet
         freed: list[int] = []
+        early: set[int] = set()  # queues that received arrivals before an earlier event
         if finished:
             for done in sorted(finished, key=lambda f: f.finish_s):
-                admission.admit_until(done.finish_s)
+                early |= admission.admit_until(done.finish_s)
                 dispatcher.finish(done.batch, done.finish_s, done.service_s, done.error)
                 freed.append(done.batch.replica)
+                if fleet is not None:
+                    self._stop_if_drained(done.batch.replica, done.finish_s)
+        if fleet is not None:
+            for replica, ready_s in sorted(ready, key=lambda x: x[1]):
+                early |= admission.admit_until(ready_s)
+                fleet.ready(replica, ready_s)
+                dispatcher.set_active(replica, True, ready_s)
+                freed.append(replica)
+            if dispatch:
+                while fleet.next_tick_s <= now_s and self._ticking():
+                    tick_s = fleet.next_tick_s
+                    early |= admission.admit_until(tick_s)
+                    self._control(tick_s)
+                    fleet.next_tick_s = tick_s + fleet.control_period_s
         touched = admission.admit_until(now_s)
+        if early:
+            touched = early | touched
+        if fleet is not None and dispatch and fleet.empty() and self.queued() > 0:
+            self._control(now_s)  # an arrival to an empty fleet (the activator's poke)
         started: list[Batch] = []
         if dispatch:
             consulted: set[int] = set()
@@ -142,10 +181,85 @@ class ServingCore:
                     if replica not in consulted and dispatcher.free(replica):
                         consulted.add(replica)
                         self._consult(replica, now_s, started)
-        return Step(started, self.next_wake_s())
+        if fleet is None:
+            return Step(started, self.next_wake_s())
+        launch, stop = tuple(self._launch), tuple(self._stop)
+        self._launch.clear()
+        self._stop.clear()
+        return Step(started, self.next_wake_s(), launch, stop)
+
+    # -- autoscaling -------------------------------------------------------------------------
+    def _ticking(self) -> bool:
+        """Whether the autoscaler still has anything to react to: arrivals to come, work
+        queued or running, or replicas starting or draining.
+        """
+        fleet = self.fleet
+        assert fleet is not None
+        return (self.source.peek_s() < math.inf or self.queued() > 0 or any(self.running)
+                or fleet.count(STARTING) > 0 or fleet.count(DRAINING) > 0)
+
+    def _control(self, now_s: float) -> None:
+        """Consult the autoscaler; launch and retire replicas as it says."""
+        fleet = self.fleet
+        assert fleet is not None
+        running = self.dispatcher.running_requests()
+        per_slot = [self.queues[self.queue_of[r]].length if len(self.queues) > 1 else 0
+                    for r in range(self.n_replicas)]
+        launch, retire = fleet.plan(fleet.view(now_s, self.queued(), running), per_slot)
+        for r in launch:
+            fleet.launch(r, now_s)
+            self._launch.append(r)
+        for r in retire:
+            self._retire(r, now_s)
+
+    def _retire(self, replica: int, now_s: float) -> None:
+        """A replica stops taking work; its own queue goes back to the others."""
+        fleet = self.fleet
+        assert fleet is not None
+        fleet.retire(replica, now_s)
+        self.dispatcher.set_active(replica, False, now_s)
+        self.wake_at_s[replica] = math.inf
+        if len(self.queues) > 1 and self.queues[replica].length:
+            old = self.queues[replica]
+            moved = old.take_all()
+            self.queue_series.record(now_s, replica, 0)
+            table = self.table
+            for rid in moved:
+                q = self.admission.route(now_s, rid)
+                table.replica[rid] = q
+                self.queues[q].push(rid)
+                self.queue_series.record(now_s, q, self.queues[q].length)
+        self._stop_if_drained(replica, now_s)
+
+    def _stop_if_drained(self, replica: int, now_s: float) -> None:
+        fleet = self.fleet
+        assert fleet is not None
+        if fleet.state[replica] == DRAINING and self.dispatcher.running[replica] == 0:
+            fleet.stop(replica, now_s)
+            self._stop.append(replica)
+
+    def route_candidates(self) -> list[int]:
+        """The replicas an arrival may be routed to: the ready ones; if none, those
+        starting (the request waits for a cold start); if none, the slot the next launch
+        takes (an off slot already holding requests, else the lowest off slot).
+        """
+        fleet = self.fleet
+        assert fleet is not None
+        for state in (READY, STARTING):
+            slots = fleet.slots(state)
+            if slots:
+                return slots
+        off = fleet.slots(OFF)
+        if len(self.queues) > 1:
+            off.sort(key=lambda r: (-self.queues[r].length, r))
+        return off[:1] or [0]
 
     def _consult(self, replica: int, now_s: float, started: list[Batch]) -> None:
         dispatcher = self.dispatcher
+        if self.fleet is not None and self.fleet.state[replica] != READY and \
+                dispatcher.free(replica):
+            raise InvariantError(f"replica {replica} is {self.fleet.state[replica]} but "
+                                 "could take a batch")
         while dispatcher.free(replica):
             batch, wake_s = dispatcher.decide(replica, now_s)
             if batch is None:
@@ -159,10 +273,13 @@ class ServingCore:
         replica is free, or the earliest policy wake-up.
         """
         wake_s = min(self.wake_at_s)
-        if self.dispatcher.free_replicas > 0:
+        fleet = self.fleet
+        if self.dispatcher.free_replicas > 0 or (fleet is not None and fleet.empty()):
             arrival_s = self.source.peek_s()
             if arrival_s < wake_s:
-                return arrival_s
+                wake_s = arrival_s
+        if fleet is not None and fleet.next_tick_s < wake_s and self._ticking():
+            wake_s = fleet.next_tick_s
         return wake_s
 
     def next_policy_wake_s(self) -> float:

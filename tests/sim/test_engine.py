@@ -220,3 +220,18 @@ def test_load_aware_routers_beat_blind_ones_under_skewed_service() -> None:
     # queueing theory: one shared queue (M/G/4) is best; load-aware routing beats blind
     assert mean["shared"] < min(mean["jsq"], mean["least_work"], mean["p2c"])
     assert max(mean["jsq"], mean["least_work"], mean["p2c"]) < mean["round_robin"]
+
+
+def test_an_arrival_at_the_instant_another_replica_finishes_is_served_at_once(
+        tmp_path) -> None:
+    # arrivals every 100 ms, 100 ms service, two replicas in turn: each arrival comes exactly
+    # when the other replica's batch ends. The core used to admit it while recording that
+    # finish and then consult only the freed replica, so it waited on an idle one.
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"t": [0.0, 0.1, 0.2, 0.3]}).to_csv(path, index=False)
+    result = sim.run(scenario(service={"kind": "constant", "ms": 100}, replicas=2,
+                              routing="round_robin", workload={
+                                  "kind": "trace", "path": str(path), "timestamp_column": "t"}))
+    req = result.requests
+    assert (req["start_s"] - req["arrival_s"]).abs().max() < 1e-12
+    assert req["replica"].tolist() == [0, 1, 0, 1]
