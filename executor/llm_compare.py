@@ -2,18 +2,20 @@
 compare TTFT/TPOT/ITL/E2E, request and token throughput, preemptions and KV utilisation.
 
 Around each live run a **probe** re-times a few step compositions on the same decoder:
-prefill-only and decode-only steps. Their ratios to the stored profile give a prefill speed
-scale and a decode speed scale (the device's drift need not touch both alike). The profile
-rescaled by them (each grid point by the scales weighted by its prefill share in the fitted
-linear model) is what each live run is predicted on; the stored profile's prediction and
-error are kept alongside.
+prefill-only steps of 256 and 1024 tokens and decode-only steps of 1, 8 and 16 sequences.
+Their ratios to the stored profile give a prefill speed scale per chunk size and a decode
+speed scale per batch of sequences (the device's drift need not touch them alike: on this
+CPU a one-sequence decode and a sixteen-sequence one drift apart by up to 25%). The profile
+rescaled by them (each grid point by the scales at its size, weighted by its prefill share in
+the fitted linear model) is what each live run is predicted on; the stored profile's
+prediction and error are kept alongside.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -78,12 +80,40 @@ def probe_llm(decoder: LlamaDecoder, profile: StepProfile, reps: int = 5) -> dic
                          "profile_ms": predicted * 1e3, "ratio": measured / predicted})
     scale = {g: float(np.median([r["ratio"] for r in rows if r["group"] == g]))
              for g in ("prefill", "decode")}
-    return {"prefill_scale": scale["prefill"], "decode_scale": scale["decode"], "points": rows}
+    by_size = {"prefill": _by_size(rows, "prefill", "prefill_tokens"),
+               "decode": _by_size(rows, "decode", "decode_seqs")}
+    return {"prefill_scale": scale["prefill"], "decode_scale": scale["decode"],
+            "prefill_scale_by_tokens": by_size["prefill"],
+            "decode_scale_by_seqs": by_size["decode"], "points": rows}
 
 
-def rescaled(profile: StepProfile, prefill_scale: float, decode_scale: float) -> StepProfile:
+def _by_size(rows: list[dict[str, Any]], group: str, size: str) -> dict[int, float]:
+    """A probe's ratio per step size (median over the points of that size)."""
+    sizes = sorted({int(r[size]) for r in rows if r["group"] == group})
+    return {n: float(np.median([r["ratio"] for r in rows
+                                if r["group"] == group and int(r[size]) == n])) for n in sizes}
+
+
+Scale = float | Mapping[int, float]
+
+
+def scale_at(scale: Scale, size: int) -> float:
+    """A speed scale at a step size: the number itself, or interpolated (in log size,
+    clamped at the ends) between the sizes a probe measured.
+    """
+    if not isinstance(scale, Mapping):
+        return float(scale)
+    keys = sorted(scale)
+    return float(np.interp(math.log(max(size, 1)), np.log(keys), [scale[k] for k in keys]))
+
+
+def rescaled(profile: StepProfile, prefill_scale: Scale, decode_scale: Scale) -> StepProfile:
     """The profile with each grid point's samples scaled by its prefill share (from the fitted
-    linear model) times ``prefill_scale`` plus the rest times ``decode_scale``.
+    linear model) times the prefill scale plus the rest times the decode scale.
+
+    A scale is one number, or a mapping from step size (prefill tokens; decoding sequences)
+    to the scale measured there: the device's drift need not touch a one-sequence decode and
+    a sixteen-sequence one alike (on this CPU they differ by up to 25%).
     """
     fit = profile.fit
     samples = {}
@@ -93,11 +123,15 @@ def rescaled(profile: StepProfile, prefill_scale: float, decode_scale: float) ->
         total = fit["a_ms"] + prefill + fit["c_ms_per_decode_seq"] * d \
             + fit["d_ms_per_kv_token"] * d * ctx
         share = min(max(prefill / total, 0.0), 1.0) if total > 0 else 0.0
-        factor = share * prefill_scale + (1 - share) * decode_scale
+        factor = share * scale_at(prefill_scale, p) + (1 - share) * scale_at(decode_scale, d)
         samples[key] = [v * factor for v in values]
-    meta = {**profile.meta, "rescaled": {"prefill_scale": prefill_scale,
-                                         "decode_scale": decode_scale}}
-    context = {k: [v * prefill_scale for v in values]
+
+    def plain(scale: Scale) -> Any:
+        return {str(k): v for k, v in scale.items()} if isinstance(scale, Mapping) else scale
+
+    meta = {**profile.meta, "rescaled": {"prefill_scale": plain(prefill_scale),
+                                         "decode_scale": plain(decode_scale)}}
+    context = {k: [v * scale_at(prefill_scale, int(k.split(",")[0])) for v in values]
                for k, values in profile.prefill_context_s.items()}
     return StepProfile(profile.prefill_tokens, profile.decode_seqs, profile.context_tokens,
                        samples, meta=meta, prefill_context_s=context)
@@ -153,11 +187,13 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
             after = probe_llm(decoders[0], stored_profile)
             scales = {k: math.sqrt(before[k] * after[k])
                       for k in ("prefill_scale", "decode_scale")}
-            probe = {"before": before, "after": after, **scales,
+            by_size = {k: {n: math.sqrt(before[k][n] * after[k][n]) for n in before[k]}
+                       for k in ("prefill_scale_by_tokens", "decode_scale_by_seqs")}
+            probe = {"before": before, "after": after, **scales, **by_size,
                      "drift": max(abs(after[k] / before[k] - 1) for k in scales)}
             write_json(run_dir / "probe.json", probe)
-            probed = rescaled(stored_profile, scales["prefill_scale"],
-                              scales["decode_scale"])
+            probed = rescaled(stored_profile, by_size["prefill_scale_by_tokens"],
+                              by_size["decode_scale_by_seqs"])
             path = probed.save(run_dir / "probed-profile.json")
             predicted = sim.llm.run(scn, {"service.path": str(path)},
                                     drain_timeout_s=drain_s)
@@ -212,8 +248,8 @@ def sweep_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str 
     rate_scn, capacity = scn, capacity_stored
     if probe_mode == "full":
         measured = probe_llm(decoders[0], stored_profile)
-        path = rescaled(stored_profile, measured["prefill_scale"],
-                        measured["decode_scale"]).save(out / "rate-probe-profile.json")
+        path = rescaled(stored_profile, measured["prefill_scale_by_tokens"],
+                        measured["decode_scale_by_seqs"]).save(out / "rate-probe-profile.json")
         rate_scn = load_llm_scenario(scn, {"service.path": str(path)})
         capacity = saturation_rps(rate_scn)
     rows = []

@@ -148,6 +148,13 @@ def test_compare_llm_probes_rescales_and_compares_end_to_end(tmp_path) -> None:
     mixed = rescaled(prof, 1.0, 3.0)  # a prefill-only step follows the prefill scale mostly
     assert mixed.step_s(1024, 0, 0) < 1.3 * prof.step_s(1024, 0, 0)
     assert mixed.step_s(0, 16, 16 * 512) > 2.5 * prof.step_s(0, 16, 16 * 512)
+    # scales per step size: a one-sequence decode drifts apart from a sixteen-sequence one
+    by_size = rescaled(prof, {256: 1.0, 1024: 1.0}, {1: 0.5, 16: 1.0})
+    assert by_size.step_s(0, 1, 512) == pytest.approx(0.5 * prof.step_s(0, 1, 512), rel=0.05)
+    assert by_size.step_s(0, 16, 16 * 1024) == pytest.approx(
+        prof.step_s(0, 16, 16 * 1024), rel=0.05)
+    assert 0.5 * prof.step_s(0, 4, 4 * 512) < by_size.step_s(0, 4, 4 * 512) \
+        < prof.step_s(0, 4, 4 * 512)
 
     cfg = {"name": "cmp", "seed": 3,
            "service": {"kind": "llm_profile", "path": "builtin:llm-small-cpu"},
