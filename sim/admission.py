@@ -41,12 +41,14 @@ class Admission:
         loads: Per-replica loads at a time (what the router sees).
         max_len: Reject an arrival when its queue already holds this many (None: unbounded).
         timeout_s: Expire a request still waiting this long after arrival (None: never).
+        candidates: The replicas a router may choose now (an autoscaled fleet's); None: all.
     """
 
     def __init__(self, table: RequestTable, source: Source, queues: Sequence[RequestQueue],
                  router: Router | None, queue_series: QueueSeries,
-                 loads: Callable[[float], list[ReplicaLoad]], *, max_len: int | None = None,
-                 timeout_s: float | None = None) -> None:
+                 loads: Callable[[float, Sequence[int] | None], list[ReplicaLoad]], *,
+                 max_len: int | None = None, timeout_s: float | None = None,
+                 candidates: Callable[[], list[int]] | None = None) -> None:
         self.table = table
         self.source = source
         self.queues = list(queues)
@@ -55,6 +57,7 @@ class Admission:
         self.loads = loads
         self.max_len = max_len
         self.timeout_s = timeout_s
+        self.candidates = candidates
         self._expiry: deque[tuple[float, int]] = deque()
         # open loop, one shared queue, no admission limits: runs of arrivals go in at once
         self._bulk = (router is None and max_len is None and timeout_s is None
@@ -106,7 +109,7 @@ class Admission:
         if self.router is None:
             q = 0
         else:
-            q = self.router.route(arrival_s, rid, self.loads(arrival_s))
+            q = self.route(arrival_s, rid)
             table.replica[rid] = q
         queue = self.queues[q]
         if self.max_len is not None and queue.length >= self.max_len:
@@ -117,6 +120,13 @@ class Admission:
         touched.add(q)
         if self.timeout_s is not None:
             self._expiry.append((arrival_s + self.timeout_s, rid))
+
+    def route(self, now_s: float, rid: int) -> int:
+        """The replica (queue) the router picks for a request now."""
+        assert self.router is not None
+        slots = self.candidates() if self.candidates is not None else None
+        choice = self.router.route(now_s, rid, self.loads(now_s, slots))
+        return choice if slots is None else slots[choice]
 
     def _expire_until(self, until_s: float) -> None:
         expiry, status = self._expiry, self.table.status

@@ -17,6 +17,8 @@ import numpy as np
 
 from calibration.errors import UserError
 from calibration.profile import ProfileError, load_profile
+from sim.autoscaling import Autoscaler, Concurrency, Schedule, TargetOngoing
+from sim.fleet import ColdStart, Fleet
 from sim.policies import POLICIES
 from sim.routing import Router, make_router
 from sim.scenario import Scenario
@@ -52,6 +54,12 @@ WORKLOADS: dict[str, Callable[..., OpenLoop | ClosedLoop]] = {
     "closed": ClosedLoop,
 }
 
+AUTOSCALERS: dict[str, Callable[..., Autoscaler]] = {
+    "target": TargetOngoing,
+    "concurrency": Concurrency,
+    "schedule": Schedule,
+}
+
 
 @dataclass(frozen=True)
 class Streams:
@@ -62,13 +70,14 @@ class Streams:
     routing: np.random.Generator
     think: np.random.Generator
     classes: np.random.Generator
+    cold_start: np.random.Generator
 
     @classmethod
     def from_seed(cls, seed: int) -> Streams:
-        """Split ``seed`` into the five streams (the first four as before classes existed:
-        ``SeedSequence.spawn`` children depend only on their index).
+        """Split ``seed`` into the six streams (the first ones as before the later ones
+        existed: ``SeedSequence.spawn`` children depend only on their index).
         """
-        gens = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)]
+        gens = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)]
         return cls(*gens)
 
 
@@ -168,7 +177,7 @@ def scenario_capacity_rps(scenario: Scenario, service: ServiceModel,
     """Requests per second the scenario's fleet can finish at best (see
     :func:`sim.stability.capacity_rps`).
     """
-    return capacity_rps(service.mean_s, policy_batch_sizes(scenario), scenario.replicas,
+    return capacity_rps(service.mean_s, policy_batch_sizes(scenario), scenario.fleet_size,
                         scenario.policy.max_concurrent_batches, mean_size)
 
 
@@ -185,3 +194,43 @@ def build_router(scenario: Scenario, rng: np.random.Generator) -> Router | None:
     return make_router(scenario.routing, rng)
 
 
+
+
+def build_autoscaler(scenario: Scenario) -> Autoscaler | None:
+    """The scenario's autoscaling policy (None without ``autoscaling:``)."""
+    cfg = scenario.autoscaling
+    if cfg is None:
+        return None
+    knobs = _knobs(cfg, "control_period_s", "cold_start_s")
+    if cfg.kind == "schedule":
+        knobs["steps"] = [(float(t), int(n)) for t, n in cfg.steps]
+    builder: Callable[..., Autoscaler] = AUTOSCALERS[cfg.kind]
+    return builder(**knobs)
+
+
+def build_fleet(scenario: Scenario) -> Fleet | None:
+    """The autoscaled fleet (None without ``autoscaling:``)."""
+    autoscaler = build_autoscaler(scenario)
+    if autoscaler is None:
+        return None
+    assert scenario.autoscaling is not None
+    return Fleet(scenario.fleet_size, autoscaler, scenario.autoscaling.control_period_s)
+
+
+def build_cold_start(scenario: Scenario, rng: np.random.Generator) -> ColdStart:
+    """Cold-start draws: the profile's measured load times when it has them, else
+    ``autoscaling.cold_start_s``.
+
+    Raises:
+        UserError: an autoscaled scenario with neither.
+    """
+    cfg = scenario.autoscaling
+    samples = np.empty(0)
+    if scenario.service.kind == "profile":
+        samples = load_profile(scenario.service.path).load_samples_s
+    given = None if cfg is None else cfg.cold_start_s
+    if cfg is not None and given is None and samples.size == 0:
+        raise UserError("autoscaling.cold_start_s: the service has no measured cold starts "
+                        "(calibrate with --load-reps); give the seconds a new replica needs "
+                        "to load its model")
+    return ColdStart(samples, given or 0.0, rng)

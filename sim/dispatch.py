@@ -89,14 +89,28 @@ class Dispatcher:
         """Whether the replica may start another batch."""
         return self.running[replica] < self.max_running[replica]
 
-    def loads(self, now_s: float) -> list[ReplicaLoad]:
-        """Per-replica load at ``now_s`` (what routers see)."""
+    def loads(self, now_s: float, replicas: Sequence[int] | None = None) -> list[ReplicaLoad]:
+        """Per-replica load at ``now_s`` (what routers see): of every replica, or of
+        ``replicas`` only, indexed by their position in it (an autoscaled fleet shows a
+        router only the replicas that can take work).
+        """
         out = []
-        for r in range(self.n_replicas):
+        for i, r in enumerate(range(self.n_replicas) if replicas is None else replicas):
             queue = self.queues[self.queue_of[r]]
             work = self.work_s(r, queue, now_s) if self.needs_work else 0.0
-            out.append(ReplicaLoad(r, queue.length, queue.items, self.running[r], work))
+            out.append(ReplicaLoad(i, queue.length, queue.items, self.running[r], work))
         return out
+
+    def set_active(self, replica: int, active: bool, now_s: float) -> None:
+        """Let a replica take batches again (its policy's concurrency) or stop it taking
+        new ones (what runs still finishes); an autoscaled fleet's replicas come and go.
+        """
+        was_free = self.free(replica)
+        self.max_running[replica] = self.policies[replica].max_concurrent_batches \
+            if active else 0
+        self.free_replicas += int(self.free(replica)) - int(was_free)
+        if active and self.running[replica] == 0:
+            self.idle_since_s[replica] = now_s
 
     def work_s(self, replica: int, queue: RequestQueue, now_s: float) -> float:
         """Estimated seconds of work left on ``replica``: what its running batches still need
@@ -214,9 +228,9 @@ class Dispatcher:
                 self.source.on_done(rid, now_s)
         self.batches.close(batch.id, now_s, error is not None)
         replica = batch.replica
-        if self.running[replica] == self.max_running[replica]:
-            self.free_replicas += 1
+        was_free = self.free(replica)
         self.running[replica] -= 1
+        self.free_replicas += int(self.free(replica)) - int(was_free)
         if self.running[replica] == 0:
             self.idle_since_s[replica] = now_s
         del self.running_batches[replica][batch.id]

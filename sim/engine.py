@@ -5,7 +5,9 @@ Two kinds of SimPy event, each a plain ``Timeout`` with a callback (no process p
 * a *batch done* event per started batch, after a service time drawn from the model (from
   its cold samples when the replica had idled long enough, see :attr:`Batch.idle_s`);
 * a *wake-up* at the time the core asked for (the next arrival while a replica is free, or a
-  policy's wake-up); a later step that asks for another time supersedes it.
+  policy's wake-up); a later step that asks for another time supersedes it;
+* a *replica ready* event per launched replica (autoscaling), after a cold start drawn from
+  the model's measured load times.
 
 Everything else — admission, routing, which policy to ask and when — is the core's.
 """
@@ -18,15 +20,18 @@ from typing import cast
 import simpy
 
 from sim.core import Batch, Finished, ServingCore, Step
+from sim.fleet import ColdStart
 from sim.service import ServiceModel
 
 
 class SimPyDriver:
     """Runs a :class:`ServingCore` in simulated time."""
 
-    def __init__(self, core: ServingCore, service: ServiceModel) -> None:
+    def __init__(self, core: ServingCore, service: ServiceModel,
+                 cold_start: ColdStart | None = None) -> None:
         self.core = core
         self.service = service
+        self.cold_start = cold_start
         self.env = simpy.Environment()
         self._wake_token = 0
         self._wake_s = math.inf  # the pending wake-up
@@ -50,6 +55,10 @@ class SimPyDriver:
             service_s = service.sample_s(batch.items, batch.idle_s)
             event = env.timeout(service_s, (batch, service_s))
             event.callbacks.append(self._on_done)
+        for replica in step.launch:
+            assert self.cold_start is not None, "a fleet needs a cold-start model"
+            event = env.timeout(self.cold_start.sample_s(), replica)
+            event.callbacks.append(self._on_ready)
         wake_s = step.wake_s
         if wake_s != self._wake_s:
             self._wake_s = wake_s
@@ -64,6 +73,11 @@ class SimPyDriver:
         batch, service_s = cast(tuple[Batch, float], event.value)
         now_s = self.env.now
         self._apply(self.core.step(now_s, (Finished(batch, now_s, service_s),)))
+
+    def _on_ready(self, event: simpy.Event) -> None:
+        replica = cast(int, event.value)
+        now_s = self.env.now
+        self._apply(self.core.step(now_s, ready=((replica, now_s),)))
 
     def _on_wake(self, event: simpy.Event) -> None:
         token, wake_s = cast(tuple[int, float], event.value)

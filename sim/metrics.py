@@ -23,7 +23,9 @@ A run may go on after the horizon to drain its queue; ``end_s`` is when it stopp
 * requests in system: time-weighted mean over the window, with Little's law as a check
   (``littles_law``: in-system mean against throughput × mean latency);
 * stability: see :mod:`sim.stability`;
-* cost per million ok requests from a price per replica-hour.
+* cost per million ok requests from a price per replica-hour, over the replica-seconds held in
+  the window (replicas × window for a fixed fleet; the integral of the replica count, cold
+  starts and draining included, for an autoscaled one).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.fleet import fleet_summary
 from sim.stability import queue_trend, time_weighted_total, verdict
 from sim.types import ERROR_CAUSES
 from sim.window import Window
@@ -133,8 +136,12 @@ def ok_latency_s(requests: pd.DataFrame, warmup_s: float) -> np.ndarray:
 
 
 def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame,
-              window: Window, driver: str) -> dict[str, Any]:
-    """The run summary (keys as in the README's metrics table)."""
+              window: Window, driver: str,
+              fleet: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Any]:
+    """The run summary (keys as in the README's metrics table); ``fleet`` (the replica
+    series and fleet events of an autoscaled run) adds the autoscaling metrics, and makes
+    utilisation and cost count the replica-seconds the fleet really held.
+    """
     lo, hi, span = window.warmup_s, window.horizon_s, window.length_s
     inwin = requests[requests["arrival_s"] >= lo]
     status = inwin["status"].astype(str)
@@ -160,10 +167,19 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
     hist = bwin["size"].value_counts().sort_index()
     throughput = completions * per_s
     offered = arrivals * per_s
+    if fleet is not None:
+        ok_mask = ((requests["arrival_s"] >= lo) & (requests["status"].astype(str) == "ok")
+                   ).to_numpy()
+        scaling = fleet_summary(requests, fleet[0], fleet[1], lo, hi, latency, ok_mask)
+        held_s = float(scaling["replica_seconds"])  # type: ignore[arg-type]
+        utilization = float(busy.sum() / held_s) if held_s > 0 else math.nan
+    else:
+        held_s = window.replicas * span
+        scaling = {"replica_seconds": held_s, "cold_starts": 0, "cold_start_waits": 0}
+        utilization = float(util.mean()) if util.size else math.nan
     cost = math.nan
-    if window.price_per_replica_hour > 0 and throughput > 0:
-        cost = window.price_per_replica_hour * window.replicas / 3600.0 / throughput * 1e6
-    utilization = float(util.mean()) if util.size else math.nan
+    if window.price_per_replica_hour > 0 and completions > 0:
+        cost = window.price_per_replica_hour * held_s / 3600.0 / completions * 1e6
     in_system = in_system_mean(requests, lo, hi, end_s)
     mean_latency_s = float(latency.mean()) if latency.size else math.nan
     little = throughput * mean_latency_s
@@ -201,6 +217,7 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
                         "rel_gap": (in_system - little) / little if little else math.nan},
         "stability": stability,
         "cost_per_million_usd": cost,
+        **scaling,
         **({"classes": class_summaries(requests, window)} if "klass" in requests else {}),
     }
 

@@ -60,6 +60,19 @@ class RequestQueue:
     def _push(self, request_id: int) -> None:
         raise NotImplementedError
 
+    def take_all(self) -> list[int]:
+        """Remove every queued id and return them in service order (a replica that is
+        removed hands its queue back; the requests stay QUEUED for their next queue).
+        """
+        ids = self.ids()
+        self._clear()
+        self.length = 0
+        self.items = 0
+        return ids
+
+    def _clear(self) -> None:
+        raise NotImplementedError
+
     def iter_ids(self) -> Iterator[int]:
         """Queued ids in service order."""
         raise NotImplementedError
@@ -91,6 +104,9 @@ class FifoQueue(RequestQueue):
 
     def _push(self, request_id: int) -> None:
         self._ids.append(request_id)
+
+    def _clear(self) -> None:
+        self._ids.clear()
 
     def extend(self, request_ids: range, items: int) -> None:
         """Enqueue a run of consecutive requests (one deque call)."""
@@ -138,6 +154,9 @@ class PriorityQueue(RequestQueue):
             self._levels = dict(sorted(self._levels.items()))
         bucket.append(request_id)
 
+    def _clear(self) -> None:
+        self._levels = {}
+
     def iter_ids(self) -> Iterator[int]:
         """Queued ids, highest priority first, FIFO within a level."""
         status = self.table.status
@@ -156,6 +175,9 @@ class EdfQueue(RequestQueue):
 
     def _push(self, request_id: int) -> None:
         heapq.heappush(self._heap, (self.table.deadline_s[request_id], request_id))
+
+    def _clear(self) -> None:
+        self._heap = []
 
     def iter_ids(self) -> Iterator[int]:
         """Queued ids by deadline."""

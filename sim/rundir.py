@@ -1,7 +1,9 @@
 """The run directory shared by ``servelab simulate`` and ``servelab live``.
 
 Layout: ``scenario.yaml`` (resolved), ``requests.parquet``, ``batches.parquet``,
-``queue.parquet``, ``summary.json``, ``meta.json`` (versions, host, device, seed, driver).
+``queue.parquet``, ``summary.json``, ``meta.json`` (versions, host, device, seed, driver);
+an autoscaled run adds ``replicas.parquet`` (the replica counts as a step series) and
+``fleet_events.parquet`` (every launch, ready, retire and stop).
 """
 
 from __future__ import annotations
@@ -69,8 +71,11 @@ def write_json(path: Path, data: Any) -> None:
 
 def write_run_dir(out_dir: str | Path, scenario: Scenario, requests: pd.DataFrame,
                   batches: pd.DataFrame, queue: pd.DataFrame, summary: dict[str, Any],
-                  meta: dict[str, Any]) -> Path:
-    """Write a complete run directory and return its path."""
+                  meta: dict[str, Any],
+                  fleet: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> Path:
+    """Write a complete run directory and return its path (``fleet``: the replica series
+    and the fleet events of an autoscaled run).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scenario.yaml").write_text(scenario.to_yaml())
@@ -78,5 +83,8 @@ def write_run_dir(out_dir: str | Path, scenario: Scenario, requests: pd.DataFram
     requests.to_parquet(out / "requests.parquet", index=False)
     batches.to_parquet(out / "batches.parquet", index=False)
     queue.to_parquet(out / "queue.parquet", index=False)
+    if fleet is not None:
+        fleet[0].to_parquet(out / "replicas.parquet", index=False)
+        fleet[1].to_parquet(out / "fleet_events.parquet", index=False)
     write_json(out / "summary.json", summary)
     return out

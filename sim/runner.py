@@ -14,6 +14,8 @@ import pandas as pd
 
 from sim.build import (
     Streams,
+    build_cold_start,
+    build_fleet,
     build_policy,
     build_router,
     build_service,
@@ -41,6 +43,9 @@ class Result:
         batches: One row per batch.
         queue: Queue length step function.
         meta: Versions, host, seed, driver, wall time.
+        replicas: Autoscaled runs: replica counts over time (``time_s, ready, starting,
+            draining, replicas``); None otherwise.
+        fleet_events: Autoscaled runs: ``time_s, replica, event``; None otherwise.
     """
 
     scenario: Scenario
@@ -49,11 +54,15 @@ class Result:
     batches: pd.DataFrame
     queue: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    replicas: pd.DataFrame | None = None
+    fleet_events: pd.DataFrame | None = None
 
     def write(self, out_dir: str | Path) -> Path:
         """Write the run directory (scenario, parquet tables, summary.json, meta.json)."""
+        fleet = None if self.replicas is None or self.fleet_events is None else (
+            self.replicas, self.fleet_events)
         return write_run_dir(out_dir, self.scenario, self.requests, self.batches, self.queue,
-                             self.summary, self.meta)
+                             self.summary, self.meta, fleet)
 
 
 def build_core(scenario: Scenario, streams: Streams,
@@ -78,11 +87,11 @@ def build_core(scenario: Scenario, streams: Streams,
                                  sched.klass)
         check_warmup(scenario, sched.arrival_s)
         source = ScheduleSource(table)
-    policies = [build_policy(scenario, estimate_s) for _ in range(scenario.replicas)]
+    policies = [build_policy(scenario, estimate_s) for _ in range(scenario.fleet_size)]
     timeout_s = None if scenario.queue.timeout_ms is None else scenario.queue.timeout_ms / 1e3
     return ServingCore(table, source, policies, router=build_router(scenario, streams.routing),
                        discipline=scenario.queue.discipline, max_len=scenario.queue.max_len,
-                       timeout_s=timeout_s, estimate_s=estimate_s)
+                       timeout_s=timeout_s, estimate_s=estimate_s, fleet=build_fleet(scenario))
 
 
 def check_warmup(scenario: Scenario, arrival_s: np.ndarray) -> None:
@@ -131,19 +140,29 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
     if drain_timeout_s is not None and math.isfinite(planned_horizon_s(scn, core)
                                                      + drain_timeout_s):
         until_s = planned_horizon_s(scn, core) + drain_timeout_s
-    end_s = SimPyDriver(core, service).run(until_s)
+    cold = build_cold_start(scn, streams.cold_start) if core.fleet is not None else None
+    end_s = SimPyDriver(core, service, cold).run(until_s)
     counts = core.check_invariants()
     sim_wall_s = time.perf_counter() - t0
     requests = core.table.to_frame(core.source.admitted)
     batches = core.batches.to_frame()
     queue = core.queue_series.to_frame()
     window = window_for(scn, requests, service, end_s=end_s if until_s is not None else math.inf)
-    summary = summarize(requests, batches, queue, window, driver="sim")
+    fleet = fleet_tables(core)
+    summary = summarize(requests, batches, queue, window, driver="sim", fleet=fleet)
     meta = run_meta(scn, driver="sim", device={"kind": "simulated", "service": repr(service)},
                     extra={"end_s": end_s, "wall_s": sim_wall_s, "status_counts": counts,
                            "service_seed": service_seed, "drain_timeout_s": drain_timeout_s,
                            "drain_s": max(0.0, end_s - window.horizon_s),
                            "requests_per_wall_s": (len(requests) / sim_wall_s
                                                    if sim_wall_s > 0 else math.nan)})
-    return Result(scn, summary, requests, batches, queue, meta)
+    return Result(scn, summary, requests, batches, queue, meta,
+                  *(fleet if fleet is not None else (None, None)))
+
+
+def fleet_tables(core: ServingCore) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The replica series and fleet events of an autoscaled core (None: fixed replicas)."""
+    if core.fleet is None:
+        return None
+    return core.fleet.log.series(), core.fleet.log.event_frame()
 

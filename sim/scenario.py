@@ -253,6 +253,101 @@ class RequestClassCfg(_Strict):
     slo_ms: float | None = Field(None, gt=0)
 
 
+class _AutoscalingBase(_Strict):
+    min_replicas: int = Field(1, ge=0, le=4096)
+    max_replicas: int = Field(1, ge=1, le=4096)
+    initial_replicas: int | None = Field(None, ge=0, le=4096)
+    control_period_s: float = Field(1.0, gt=0)
+    cold_start_s: float | None = Field(None, ge=0)
+
+    @property
+    def slots(self) -> int:
+        """Replica slots the fleet needs (its most replicas)."""
+        return self.max_replicas
+
+    @model_validator(mode="after")
+    def _bounds(self) -> _AutoscalingBase:
+        top = self.slots
+        if self.min_replicas > top:
+            raise ValueError(f"autoscaling.min_replicas: {self.min_replicas} is above "
+                             f"max_replicas {top}")
+        if self.initial_replicas is not None and not (
+                self.min_replicas <= self.initial_replicas <= top):
+            raise ValueError(f"autoscaling.initial_replicas: {self.initial_replicas} must lie "
+                             f"in [min_replicas {self.min_replicas}, max_replicas {top}]")
+        return self
+
+
+class TargetAutoscalingCfg(_AutoscalingBase):
+    """Ray Serve's target_ongoing_requests policy."""
+
+    kind: Literal["target"]
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    upscale_delay_s: float = Field(30.0, ge=0)
+    downscale_delay_s: float = Field(600.0, ge=0)
+    look_back_period_s: float = Field(30.0, gt=0)
+    upscaling_factor: float = Field(1.0, gt=0)
+    downscaling_factor: float = Field(1.0, gt=0)
+
+
+class ConcurrencyAutoscalingCfg(_AutoscalingBase):
+    """Knative's KPA on request concurrency (scale to zero with min_replicas 0)."""
+
+    kind: Literal["concurrency"]
+    min_replicas: int = Field(0, ge=0, le=4096)
+    target_concurrency: float = Field(1.0, gt=0)
+    stable_window_s: float = Field(60.0, gt=0)
+    panic_window_s: float = Field(6.0, gt=0)
+    panic_threshold: float = Field(2.0, gt=0)
+    scale_to_zero_grace_s: float = Field(30.0, ge=0)
+
+    @model_validator(mode="after")
+    def _windows(self) -> ConcurrencyAutoscalingCfg:
+        if self.panic_window_s > self.stable_window_s:
+            raise ValueError(f"autoscaling.panic_window_s: {self.panic_window_s:g} s must not "
+                             f"exceed stable_window_s {self.stable_window_s:g} s")
+        return self
+
+
+class ScheduleAutoscalingCfg(_AutoscalingBase):
+    """Replica counts by time of day."""
+
+    kind: Literal["schedule"]
+    min_replicas: int = Field(0, ge=0, le=4096)
+    max_replicas: int | None = Field(None, ge=1, le=4096)  # type: ignore[assignment]
+    steps: list[tuple[Annotated[float, Field(ge=0)], Annotated[int, Field(ge=0)]]] = Field(
+        min_length=1)
+    period_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _steps(self) -> ScheduleAutoscalingCfg:
+        starts = [t for t, _ in self.steps]
+        if starts != sorted(starts) or len(set(starts)) != len(starts):
+            raise ValueError("autoscaling.steps: start times must increase, e.g. "
+                             "[[0, 1], [28800, 4], [72000, 1]]")
+        top = max(n for _, n in self.steps)
+        if self.max_replicas is not None and top > self.max_replicas:
+            raise ValueError(f"autoscaling.steps: {top} replicas is above max_replicas "
+                             f"{self.max_replicas}")
+        if top == 0:
+            raise ValueError("autoscaling.steps: at least one step needs a replica")
+        if self.period_s is not None and starts[-1] >= self.period_s:
+            raise ValueError(f"autoscaling.steps: a start of {starts[-1]:g} s is not inside "
+                             f"period_s {self.period_s:g} s")
+        return self
+
+    @property
+    def slots(self) -> int:
+        """Replica slots the fleet needs (max_replicas, else the largest step)."""
+        return self.max_replicas or max(n for _, n in self.steps)
+
+
+AutoscalingCfg = Annotated[
+    TargetAutoscalingCfg | ConcurrencyAutoscalingCfg | ScheduleAutoscalingCfg,
+    Field(discriminator="kind"),
+]
+
+
 class Scenario(_Strict):
     """One experiment: where service times come from, arrivals, policy, queue, replicas."""
 
@@ -269,9 +364,15 @@ class Scenario(_Strict):
     price_per_replica_hour: float = Field(0.0, ge=0)
     model: ModelCfg | None = None
     classes: list[RequestClassCfg] | None = None
+    autoscaling: AutoscalingCfg | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Scenario:
+        if self.autoscaling is not None and "replicas" in self.model_fields_set and \
+                self.replicas != 1:
+            raise ValueError("replicas: an autoscaled scenario sizes its fleet with "
+                             "autoscaling.min_replicas/max_replicas/initial_replicas; leave "
+                             "replicas out")
         has_deadlines = self.slo_ms is not None or bool(
             self.classes and all(c.slo_ms is not None for c in self.classes))
         if self.policy.kind == "slo" and not has_deadlines:
@@ -303,13 +404,19 @@ class Scenario(_Strict):
             raise ValueError("classes: give either classes (with their priorities) or "
                              "workload.priority_mix, not both")
 
+    @property
+    def fleet_size(self) -> int:
+        """Replica slots: ``replicas``, or the autoscaler's most replicas."""
+        return self.autoscaling.slots if self.autoscaling is not None else self.replicas
+
     def to_yaml(self) -> str:
         """The resolved scenario as YAML."""
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
 # -- errors ------------------------------------------------------------------------------------
-_UNIONS: dict[str, Any] = {"service": ServiceCfg, "workload": WorkloadCfg, "policy": PolicyCfg}
+_UNIONS: dict[str, Any] = {"service": ServiceCfg, "workload": WorkloadCfg, "policy": PolicyCfg,
+                           "autoscaling": AutoscalingCfg}
 
 
 def _tags(annotation: Any) -> dict[str, type[BaseModel]]:

@@ -103,7 +103,7 @@ def window_for(scenario: Scenario, requests: pd.DataFrame, service: ServiceModel
     return Window(
         warmup_s=scenario.warmup_s,
         horizon_s=horizon,
-        replicas=scenario.replicas,
+        replicas=scenario.fleet_size,
         max_batch_size=max_batch_size(scenario),
         slo_s=None if scenario.slo_ms is None else scenario.slo_ms / 1e3,
         price_per_replica_hour=scenario.price_per_replica_hour,
