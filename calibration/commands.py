@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from calibration.cold_start import measure_load
 from calibration.errors import UserError
 from calibration.measure import calibrate, parse_batch_sizes
 from calibration.profile import LatencyProfile, load_profile, profile_summary
@@ -32,9 +35,11 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 def run_calibration(*, model: str, device: str, dtype: str, threads: int | None,
                     batch_sizes: str, reps: int, warmup: int, seed: int, compile: bool,
                     params: list[str], out: Path, console: Console, cold_idle_ms: float = 0.0,
-                    cold_reps: int | None = None,
-                    cold_after_ms: float = 10.0) -> LatencyProfile | None:
-    """Build the runner, sweep with a progress bar, write profile + report (also on Ctrl-C)."""
+                    cold_reps: int | None = None, cold_after_ms: float = 10.0,
+                    load_reps: int = 0) -> LatencyProfile | None:
+    """Build the runner, sweep with a progress bar, write profile + report (also on Ctrl-C);
+    with ``load_reps`` also time that many cold starts (:mod:`calibration.cold_start`).
+    """
     sizes = parse_batch_sizes(batch_sizes)
     runner = build_runner(model, device=device, dtype=dtype, threads=threads, compile=compile,
                           params=parse_params(params))
@@ -59,6 +64,18 @@ def run_calibration(*, model: str, device: str, dtype: str, threads: int | None,
     if result.profile is None:
         raise UserError("no batch size could be measured (all infeasible or interrupted "
                          "before the first timed run)")
+    profile = result.profile
+    if load_reps > 0 and not result.interrupted:
+        console.print(f"timing {load_reps} cold starts (build, weights, device, first forward)")
+        load = measure_load(model, reps=load_reps, device=device, dtype=dtype,
+                            threads=threads, params=parse_params(params))
+        profile = dataclasses.replace(
+            profile, load_samples_s=np.asarray(load["samples_s"]),
+            meta={**profile.meta, "load": {k: v for k, v in load.items() if k != "samples_s"}})
+        totals = np.asarray(load["samples_s"])
+        console.print(f"cold start: median {np.median(totals):.3f} s, min {totals.min():.3f} s,"
+                      f" max {totals.max():.3f} s over {load_reps}")
+    result.profile = profile
     path = result.profile.save(out)
     report = write_report([result.profile], path.with_suffix(".html"))
     state = "[yellow]interrupted — partial profile[/]" if result.interrupted else "done"

@@ -45,6 +45,10 @@ class LatencyProfile:
         meta: Everything else recorded with the measurement (dtype, threads, versions, host,
             created_at, synthetic flag, ...).
         extrapolate: Allow (logged) linear extrapolation beyond the measured sizes.
+        load_samples_s: Measured cold starts in seconds: building the runner, loading the
+            weights, moving them to the device and the first forward (``servelab calibrate
+            --load-reps``); the simulator draws a new replica's cold start from them. Not
+            the cold-idle samples, which time batches after an idle gap.
     """
 
     samples_s: dict[int, np.ndarray]
@@ -53,6 +57,7 @@ class LatencyProfile:
     device: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     extrapolate: bool = False
+    load_samples_s: np.ndarray = field(default_factory=lambda: np.empty(0))
 
     def __post_init__(self) -> None:
         if not self.samples_s:
@@ -74,6 +79,10 @@ class LatencyProfile:
                 raise ProfileError(f"profile.cold_samples_s[{size}]: needs positive samples at a "
                                    "batch size that also has warm samples")
         object.__setattr__(self, "cold_samples_s", dict(sorted(cold.items())))
+        load = np.sort(np.asarray(self.load_samples_s, dtype=float).ravel())
+        if not np.all(np.isfinite(load)) or np.any(load <= 0):
+            raise ProfileError("profile.load_samples_s: cold starts must be finite and > 0 s")
+        object.__setattr__(self, "load_samples_s", load)
         sizes = np.array(list(self.samples_s), dtype=float)
         medians = np.array([float(np.median(s)) for s in self.samples_s.values()])
         object.__setattr__(self, "_sizes", sizes)
@@ -176,7 +185,8 @@ class LatencyProfile:
             model=dict(self.model),
             cold_samples_s={b: s * (ratio_at(b) if cold_ratio is None else cold_ratio) + add_s
                             for b, s in self.cold_samples_s.items()},
-            device=dict(self.device), meta=meta, extrapolate=self.extrapolate)
+            device=dict(self.device), meta=meta, extrapolate=self.extrapolate,
+            load_samples_s=self.load_samples_s)
 
     # -- internals ---------------------------------------------------------------------------
     def _nearest(self, batch_size: float) -> tuple[int, float]:
@@ -223,6 +233,8 @@ class LatencyProfile:
             **({"cold_samples_s": {str(b): [round(float(x), 9) for x in s]
                                    for b, s in self.cold_samples_s.items()}}
                if self.cold_samples_s else {}),
+            **({"load_samples_s": [round(float(x), 6) for x in self.load_samples_s]}
+               if self.load_samples_s.size else {}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -267,13 +279,18 @@ class LatencyProfile:
             if not str(key).isdigit() or not isinstance(values, list):
                 raise ProfileError(f"{source}: cold_samples_s[{key!r}] must be a list of seconds")
             cold[int(key)] = np.asarray(values, dtype=float)
+        load_raw = data.get("load_samples_s") or []
+        if not isinstance(load_raw, list) or not all(isinstance(v, int | float)
+                                                     for v in load_raw):
+            raise ProfileError(f"{source}: load_samples_s must be a list of seconds")
         meta = {k: v for k, v in data.items()
                 if k not in {"schema_version", "model", "device", "batch_sizes", "samples_s",
-                             "cold_samples_s"}}
+                             "cold_samples_s", "load_samples_s"}}
         try:
             return cls(samples_s=samples, model=dict(data.get("model") or {}),
                        cold_samples_s=cold, device=dict(data.get("device") or {}), meta=meta,
-                       extrapolate=extrapolate)
+                       extrapolate=extrapolate,
+                       load_samples_s=np.asarray(load_raw, dtype=float))
         except ProfileError as exc:
             raise ProfileError(f"{source}: {exc}") from None
 

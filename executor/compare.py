@@ -28,6 +28,7 @@ from executor.run import (
     default_drain_timeout_s,
     default_runners,
     live,
+    replica_loader,
     scenario_profile,
 )
 from sim.rundir import write_json
@@ -47,6 +48,14 @@ METRICS: list[tuple[str, str]] = [
     ("mean_batch_size", "mean batch size"),
     ("utilization", "utilisation"),
     ("error_rate", "error rate"),
+]
+FLEET_METRICS: list[tuple[str, str]] = [
+    ("replica_seconds", "replica-seconds"),
+    ("replicas.mean", "replicas (mean)"),
+    ("cold_starts", "cold starts"),
+    ("cold_start_s.p50", "cold start p50 (s)"),
+    ("cold_start_waits", "requests that waited on a cold start"),
+    ("cost_per_million_usd", "cost per million (USD)"),
 ]
 
 
@@ -187,7 +196,11 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     figure_sim, stored = predict(scn, out / "sim", sim_replications, drain_timeout_s=drain_s,
                                  first=first)
     runner_list = list(runners) if runners is not None else default_runners(scn)
+    probe_runner = runner_list[0] if runner_list else None
+    if profile is not None and probe_runner is None:  # scale from zero: a runner to probe
+        probe_runner = replica_loader(scn)(0)[0]
     sizes = probe_sizes(scn, profile) if profile is not None else []
+    metrics = METRICS + (FLEET_METRICS if scn.autoscaling is not None else [])
     lives: list[Result] = []
     predictions: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
@@ -195,13 +208,15 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
         before = None
         if profile is not None:
             say(f"probing the device (batch sizes {sizes})")
-            before = probe(runner_list[0], profile, sizes, budget_s=probe_budget_s, seed=i)
+            assert probe_runner is not None
+            before = probe(probe_runner, profile, sizes, budget_s=probe_budget_s, seed=i)
         say(f"live run {i}/{repeats}")
         result = live(scn, runners=runner_list, drain_timeout_s=drain_s)
         result.write(out / f"live-{i}")
         lives.append(result)
         if before is not None and profile is not None:
-            after = probe(runner_list[0], profile, sizes, budget_s=probe_budget_s, seed=i + 500)
+            assert probe_runner is not None
+            after = probe(probe_runner, profile, sizes, budget_s=probe_budget_s, seed=i + 500)
             scaled = before.profile_for(profile, probe_mode, [after])
             info = {"repeat": i, "mode": probe_mode, "scale": pooled_scale([before, after]),
                     "applied": scaled.meta["rescaled"], "drift": drift(before, after),
@@ -215,9 +230,10 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
             predictions.append(mean)
             probes.append(info)
     if predictions:
-        rows = compare_rows(predictions, [r.summary for r in lives], stored_summary=stored)
+        rows = compare_rows(predictions, [r.summary for r in lives], stored_summary=stored,
+                            metrics=metrics)
     else:
-        rows = compare_rows(stored, [r.summary for r in lives])
+        rows = compare_rows(stored, [r.summary for r in lives], metrics=metrics)
     data = {"scenario": scn.name, "repeats": repeats, "rho": rows[0]["rho"],
             "sim_replications": sim_replications, "probed": bool(predictions),
             "probe_mode": probe_mode if predictions else "off",

@@ -28,7 +28,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ import numpy as np
 
 from calibration.runners import ModelRunner
 from sim.core import Batch, Finished, ServingCore
+from sim.fleet import STARTING
 
 _POLL_S = 0.05
 # Waking a sleeping thread takes ~0.1-0.3 ms on our VMs: that much would be added to every
@@ -48,6 +49,18 @@ SPIN_S = 0.0005
 class _Fatal:
     replica: int
     error: str
+
+
+@dataclass
+class _Ready:
+    """A launched replica has loaded its model (autoscaling)."""
+
+    replica: int
+    ready_s: float
+    phases_s: dict[str, float]
+
+
+ReplicaLoader = Callable[[int], tuple[ModelRunner, dict[str, float]]]
 
 
 def _reason(where: str, exc: BaseException) -> str:
@@ -92,8 +105,9 @@ class Health:
 class _Worker(threading.Thread):
     """Runs one replica's batches on the model, one at a time."""
 
-    def __init__(self, replica: int, runner: ModelRunner, inbox: queue.Queue[Any],
-                 start_s: float, seed: int, health: Health, own_stream: bool = True) -> None:
+    def __init__(self, replica: int, runner: ModelRunner | None, inbox: queue.Queue[Any],
+                 start_s: float, seed: int, health: Health, own_stream: bool = True,
+                 loader: ReplicaLoader | None = None) -> None:
         super().__init__(name=f"replica-{replica}", daemon=True)
         self.replica = replica
         self.jobs: queue.Queue[Batch | None] = queue.Queue()
@@ -101,8 +115,17 @@ class _Worker(threading.Thread):
         self.rng = np.random.default_rng(seed)
         self.health = health
         self.own_stream = own_stream
+        self.loader = loader
 
     def run(self) -> None:
+        if self.runner is None:  # a launched replica: its cold start is real
+            assert self.loader is not None
+            try:
+                self.runner, phases = self.loader(self.replica)
+            except Exception as exc:
+                self._refuse(_reason("replica could not load its model", exc))
+                return
+            self.inbox.put(_Ready(self.replica, time.perf_counter() - self.start_s, phases))
         try:
             prepare = getattr(self.runner, "prepare_thread", None)
             if prepare is not None:
@@ -144,15 +167,17 @@ class _Worker(threading.Thread):
             if batch is None:
                 return
             error: str | None = None
+            runner = self.runner
+            assert runner is not None
             try:
-                payloads = self.runner.payloads(len(batch.request_ids), self.rng)
+                payloads = runner.payloads(len(batch.request_ids), self.rng)
             except Exception as exc:
                 payloads, error = None, _reason("payloads", exc)
             begin = time.perf_counter()
             self.health.handoff_s.append(begin - self.start_s - batch.start_s)
             if error is None:
                 try:
-                    self.runner.run_batch(payloads)  # type: ignore[arg-type]
+                    runner.run_batch(payloads)  # type: ignore[arg-type]
                 except Exception as exc:
                     error = _reason("", exc)
             end = time.perf_counter()
@@ -160,15 +185,24 @@ class _Worker(threading.Thread):
 
 
 class LiveDriver:
-    """Runs a :class:`ServingCore` in real time against ``runners`` (one per replica)."""
+    """Runs a :class:`ServingCore` in real time against ``runners`` (one per replica).
 
-    def __init__(self, core: ServingCore, runners: Sequence[ModelRunner], *,
+    An autoscaled core (``core.fleet``) has runners only for its resident replicas (None for
+    the others); a replica the autoscaler launches gets a worker that loads its model with
+    ``loader`` (the real cold start, reported back when done), and a replica that has
+    drained is stopped and its model released.
+    """
+
+    def __init__(self, core: ServingCore, runners: Sequence[ModelRunner | None], *,
                  batch_timeout_s: float | None = None, seed: int = 0,
                  drain_timeout_s: float = 30.0, drain_until_s: float = math.inf,
-                 stream_per_replica: bool = True, spin_s: float = SPIN_S) -> None:
+                 stream_per_replica: bool = True, spin_s: float = SPIN_S,
+                 loader: ReplicaLoader | None = None) -> None:
         if len(runners) != core.n_replicas:
             raise ValueError(f"need one runner per replica ({core.n_replicas}), "
                              f"got {len(runners)}")
+        if core.fleet is not None and loader is None:
+            raise ValueError("an autoscaled core needs a loader to start replicas")
         self.core = core
         self.runners = list(runners)
         self.batch_timeout_s = batch_timeout_s
@@ -178,7 +212,7 @@ class LiveDriver:
         self.stream_per_replica = stream_per_replica
         self.spin_s = spin_s
         self.health = Health()
-        self._inbox: queue.Queue[Finished | _Fatal] = queue.Queue()
+        self._inbox: queue.Queue[Finished | _Fatal | _Ready] = queue.Queue()
         self._stop = threading.Event()
         self._stop_mode = "drain"
         self._timed_out: set[int] = set()
@@ -188,6 +222,10 @@ class LiveDriver:
         self.fatal_error: str | None = None  # a replica's worker could not start
         self.start_perf = 0.0
         self._wake_s = 0.0
+        self.loader = loader
+        self._ready: list[tuple[int, float]] = []
+        self._workers: dict[int, _Worker] = {}
+        self.load_phases_s: list[dict[str, float]] = []  # each launched replica's cold start
 
     def stop(self, mode: str = "drain") -> None:
         """Stop admitting arrivals; ``drain`` finishes queued work, ``abandon`` does not."""
@@ -207,12 +245,10 @@ class LiveDriver:
         """
         core = self.core
         self.start_perf = time.perf_counter()
-        workers = [_Worker(r, runner, self._inbox, self.start_perf, self.seed * 1000 + r,
-                           self.health, self.stream_per_replica)
-                   for r, runner in enumerate(self.runners)]
-        for w in workers:
+        self._workers = {r: self._worker(r, runner) for r, runner in enumerate(self.runners)
+                         if runner is not None}
+        for w in self._workers.values():
             w.start()
-        self._workers = workers
         deadline = self.drain_until_s
         stop_noted = False
         finished: list[Finished] = []
@@ -232,7 +268,8 @@ class LiveDriver:
                 finished = []
                 now = self.now_s()
                 self._expire_batches(now)
-                busy = any(core.running)
+                busy = any(core.running) or (
+                    core.fleet is not None and core.fleet.count(STARTING) > 0)
                 queued = core.queued()
                 if not busy and core.source.peek_s() == math.inf and (
                         queued == 0 or core.next_policy_wake_s() == math.inf):
@@ -251,6 +288,7 @@ class LiveDriver:
                     finished = self._collect(block_s=0.0)
         finally:
             end_s = self.now_s()
+            workers = list(self._workers.values())
             for w in workers:
                 w.jobs.put(None)
             for w in workers:
@@ -268,7 +306,8 @@ class LiveDriver:
         admitted = core.source.admitted
         due = core.next_policy_wake_s()
         t0 = time.perf_counter()
-        step = core.step(now, finished, dispatch=dispatch)
+        ready, self._ready = self._ready, []
+        step = core.step(now, finished, dispatch=dispatch, ready=ready)
         overhead = time.perf_counter() - t0
         if was_free and core.source.admitted > admitted:  # an arrival found a replica free
             last = core.table.arrival_s[core.source.admitted - 1]
@@ -279,7 +318,31 @@ class LiveDriver:
             self.health.dispatch_overhead_s.append(overhead)
         for batch in step.start:
             self._workers[batch.replica].jobs.put(batch)
+        for replica in step.launch:  # the worker loads the model, then reports it ready
+            worker = self._worker(replica, None)
+            self._workers[replica] = worker
+            worker.start()
+        for replica in step.stop:
+            self._retire(replica)
         self._wake_s = step.wake_s
+
+    def _worker(self, replica: int, runner: ModelRunner | None) -> _Worker:
+        return _Worker(replica, runner, self._inbox, self.start_perf,
+                       self.seed * 1000 + replica, self.health, self.stream_per_replica,
+                       loader=self.loader)
+
+    def _retire(self, replica: int) -> None:
+        """A drained replica: end its worker and let its model go."""
+        from calibration.cold_start import release
+
+        worker = self._workers.pop(replica, None)
+        if worker is None:
+            return
+        worker.jobs.put(None)
+        worker.join(timeout=60)
+        device = str(getattr(worker.runner, "device", "cpu"))
+        worker.runner = None
+        release(device)
 
     def _collect(self, block_s: float) -> list[Finished]:
         out: list[Finished] = []
@@ -288,7 +351,10 @@ class LiveDriver:
         except queue.Empty:
             return out
         while True:
-            if isinstance(item, _Fatal):
+            if isinstance(item, _Ready):
+                self._ready.append((item.replica, item.ready_s))
+                self.load_phases_s.append({"replica": item.replica, **item.phases_s})
+            elif isinstance(item, _Fatal):
                 if self.fatal_error is None:
                     self.fatal_error = f"replica {item.replica}: {item.error}"
                 self.stop("abandon")

@@ -19,12 +19,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from calibration.cold_start import load_replica
 from calibration.errors import UserError
 from calibration.profile import LatencyProfile, load_profile
 from calibration.runners import ModelRunner, build_runner
-from sim.build import Streams, build_service
+from executor.live import ReplicaLoader
+from sim.build import Streams, build_fleet, build_service
+from sim.fleet import READY
 from sim.rundir import run_meta
-from sim.runner import Result, build_core
+from sim.runner import Result, build_core, fleet_tables
 from sim.runner import run as sim_run
 from sim.scenario import Scenario, load_scenario
 from sim.window import planned_horizon_s, window_for
@@ -65,18 +68,37 @@ def model_spec(scenario: Scenario) -> dict[str, Any]:
     return spec
 
 
-def default_runners(scenario: Scenario) -> list[ModelRunner]:
-    """One runner per replica, built from :func:`model_spec` (weights shared is not assumed)."""
-    spec = model_spec(scenario)
+def _replica_device(spec: dict[str, Any], replica: int) -> str:
     devices = spec.get("device", "auto")
     device_list = devices if isinstance(devices, list) and devices else [devices]
-    runners = []
-    for replica in range(scenario.replicas):
-        runner = build_runner(spec["name"], device=str(device_list[replica % len(device_list)]),
-                              dtype=spec.get("dtype", "fp32"), threads=spec.get("threads"),
-                              params=spec.get("params") or {})
-        runners.append(runner)
-    return runners
+    return str(device_list[replica % len(device_list)])
+
+
+def default_runners(scenario: Scenario) -> list[ModelRunner]:
+    """One runner per replica, built from :func:`model_spec` (weights shared is not
+    assumed); for an autoscaled scenario one per resident replica (``initial_replicas``).
+    """
+    spec = model_spec(scenario)
+    count = scenario.replicas
+    if scenario.autoscaling is not None:
+        count = build_fleet(scenario).count(READY)  # type: ignore[union-attr]
+    return [build_runner(spec["name"], device=_replica_device(spec, r),
+                         dtype=spec.get("dtype", "fp32"), threads=spec.get("threads"),
+                         params=spec.get("params") or {}) for r in range(count)]
+
+
+def replica_loader(scenario: Scenario) -> ReplicaLoader:
+    """How a launched replica loads its model live (the real cold start, timed by
+    :func:`calibration.cold_start.load_replica`).
+    """
+    spec = model_spec(scenario)
+
+    def load(replica: int) -> tuple[ModelRunner, dict[str, float]]:
+        return load_replica(spec["name"], device=_replica_device(spec, replica),
+                            dtype=spec.get("dtype", "fp32"), threads=spec.get("threads"),
+                            params=spec.get("params") or {}, seed=replica)
+
+    return load
 
 
 def describe_runner(runner: ModelRunner) -> tuple[dict[str, Any], str | None]:
@@ -165,13 +187,16 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
          handle_sigint: bool = False, stop_mode: str = "drain",
          on_driver: Callable[[Any], None] | None = None,
          drain_timeout_s: float | None = None, max_wall_s: float = 600.0,
-         force: bool = True) -> Result:
+         force: bool = True, loader: ReplicaLoader | None = None) -> Result:
     """Run a scenario live and return the same :class:`Result` shape as ``sim.run``.
 
     Args:
         scenario: Scenario, dict, path or ``builtin:NAME``.
         overrides: Dotted-key overrides.
-        runners: One model runner per replica (default: built from the profile's model).
+        runners: One model runner per replica (default: built from the profile's model);
+            for an autoscaled scenario one per resident replica (``initial_replicas``).
+        loader: Autoscaled scenarios: how a launched replica loads its model (default:
+            :func:`replica_loader`, the profile's model; tests pass stand-ins).
         batch_timeout_s: Fail a batch's requests when its model call takes longer.
         handle_sigint: Ctrl-C stops the run (``stop_mode``: drain or abandon) instead of
             raising; the records so far are returned.
@@ -203,15 +228,25 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
                         "replica's worker runs one batch at a time); use 1, or more replicas. "
                         "The simulator overlaps such batches without contention")
     runner_list = list(runners) if runners is not None else default_runners(scn)
-    warnings = mismatch_warnings(scn, runner_list)
+    core = build_core(scn, streams, estimate)
+    slots: list[ModelRunner | None] = list(runner_list)
+    if core.fleet is not None:
+        loader = loader if loader is not None else replica_loader(scn)
+        resident = [r for r, state in enumerate(core.fleet.state) if state == READY]
+        if len(runner_list) != len(resident):
+            raise LiveError(f"runners: {len(runner_list)} given for {len(resident)} resident "
+                            "replicas (autoscaling.initial_replicas)")
+        slots = [None] * core.n_replicas
+        for r, runner in zip(resident, runner_list, strict=True):
+            slots[r] = runner
+    warnings = mismatch_warnings(scn, runner_list) if runner_list else []
     for note in warnings:
         LOG.warning("calibration mismatch: %s", note)
-    core = build_core(scn, streams, estimate)
     streams_per_replica = scn.model is None or scn.model.cuda_streams == "per_replica"
-    driver = LiveDriver(core, runner_list, batch_timeout_s=batch_timeout_s, seed=scn.seed,
+    driver = LiveDriver(core, slots, batch_timeout_s=batch_timeout_s, seed=scn.seed,
                         stream_per_replica=streams_per_replica,
                         drain_timeout_s=drain_s if math.isfinite(drain_s) else 30.0,
-                        drain_until_s=planned_horizon_s(scn, core) + drain_s)
+                        drain_until_s=planned_horizon_s(scn, core) + drain_s, loader=loader)
     if on_driver is not None:
         on_driver(driver)
     previous = None
@@ -232,10 +267,11 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     from sim.metrics import summarize
 
     window = window_for(scn, requests, service, end_s=end_s, stopped_s=driver.stopped_at_s)
-    summary = summarize(requests, batches, queue, window, driver="live")
+    fleet = fleet_tables(core)
+    summary = summarize(requests, batches, queue, window, driver="live", fleet=fleet)
     health = driver.health.summary()
     summary["executor_health"] = health
-    described, describe_error = describe_runner(runner_list[0])
+    described, describe_error = describe_runner(runner_list[0]) if runner_list else ({}, None)
     meta = run_meta(scn, driver="live", device=described.get("device", {}), extra={
         "model": described.get("model"), "threads": described.get("threads"),
         "dtype": described.get("dtype"), "torch_version": described.get("torch_version"),
@@ -244,5 +280,6 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
         "calibration_warnings": warnings,
         "drain_timeout_s": drain_s, "drain_timed_out": driver.drain_timed_out,
         "fatal_error": driver.fatal_error, "describe_error": describe_error,
-        "executor_health": health})
-    return Result(scn, summary, requests, batches, queue, meta)
+        "executor_health": health, "cold_starts_measured_s": driver.load_phases_s})
+    return Result(scn, summary, requests, batches, queue, meta,
+                  *(fleet if fleet is not None else (None, None)))

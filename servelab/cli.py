@@ -133,6 +133,10 @@ def calibrate(
         help="Cold runs per batch size (default: half of --reps).")] = None,
     cold_after_ms: Annotated[float, typer.Option(
         help="The simulator treats a batch as cold after this much replica idle time.")] = 10.0,
+    load_reps: Annotated[int, typer.Option(
+        min=0, help="Also time this many cold starts (build the runner, load weights, move to "
+        "the device, first forward): autoscaled scenarios draw new replicas' start-up from "
+        "them.")] = 0,
 ) -> None:
     """Measure a model's batched latency curve; write the profile JSON and an HTML report.
 
@@ -156,7 +160,7 @@ def calibrate(
                         batch_sizes=batch_sizes, reps=reps, warmup=warmup, seed=seed,
                         compile=compile_, params=param or [], out=out, console=console,
                         cold_idle_ms=cold_idle_ms, cold_reps=cold_reps,
-                        cold_after_ms=cold_after_ms)
+                        cold_after_ms=cold_after_ms, load_reps=load_reps)
     except USER_ERRORS as exc:
         fail(str(exc))
 
