@@ -295,3 +295,41 @@ def step_composition(steps: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title_text="prefill tokens in the step")
     fig.update_layout(template=TEMPLATE, height=360, title="step composition")
     return fig
+
+
+def latency_and_replicas(results: Mapping[str, Result], bin_s: float | None = None
+                         ) -> go.Figure:
+    """P99 latency per time bin (top) over the replica count (bottom), for fixed and
+    autoscaled runs alike: how long a scale-up takes to help, what scale-to-zero costs.
+    """
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4],
+                        vertical_spacing=0.06)
+    for i, (name, result) in enumerate(results.items()):
+        color = PALETTE[i % len(PALETTE)]
+        req = result.requests
+        ok = req[req["status"].astype(str) == "ok"]
+        horizon = float(req["arrival_s"].max()) if len(req) else 0.0
+        width = bin_s or max(horizon / 60, 1.0)
+        if len(ok):
+            lat_ms = (ok["finish_s"] - ok["arrival_s"]) * 1e3
+            bins = (ok["arrival_s"] // width) * width
+            p99 = lat_ms.groupby(bins).quantile(0.99)
+            fig.add_trace(go.Scatter(x=p99.index + width / 2, y=p99.to_numpy(), name=name,
+                                     mode="lines+markers", legendgroup=name,
+                                     line={"color": color}), row=1, col=1)
+        if result.replicas is not None:
+            series = result.replicas
+            x, y = series["time_s"].to_numpy(), series["replicas"].to_numpy()
+        else:
+            n = result.scenario.fleet_size
+            x, y = np.array([0.0, horizon]), np.array([n, n])
+        fig.add_trace(go.Scatter(x=np.append(x, horizon), y=np.append(y, y[-1] if y.size else 0),
+                                 mode="lines", line_shape="hv", name=f"{name} replicas",
+                                 legendgroup=name, showlegend=False,
+                                 line={"color": color}), row=2, col=1)
+    fig.update_yaxes(title_text="P99 latency (ms)", type="log", row=1, col=1)
+    fig.update_yaxes(title_text="replicas", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="time (s)", row=2, col=1)
+    fig.update_layout(template=TEMPLATE, title="P99 latency per time bin and replica count",
+                      height=480)
+    return fig

@@ -236,6 +236,36 @@ def exp_continuous_batching(lang: str) -> None:
     _table(rows)
 
 
+def exp_resident_vs_on_demand(lang: str) -> None:
+    from sim.experiments.day import DAY_CONFIGS, day_row, day_scenario
+
+    en = lang == "en"
+    cold = st.slider("cold start (s): load weights, move to the device, first forward" if en
+                     else "冷启动（秒）：加载权重、搬到设备、第一次前向", 0.0, 60.0, 10.0, 1.0,
+                     key="l9-cold")
+    mean = st.slider("mean load (req/s; night 0, peak twice this)" if en else
+                     "平均负载（请求/秒；夜间为 0，高峰为两倍）", 20.0, 120.0, 60.0, 10.0,
+                     key="l9-mean")
+    rows, runs = [], {}
+    for name, fleet in DAY_CONFIGS.items():
+        result = run_scenario(day_scenario(fleet, mean_rps=mean, cold_start_s=cold))
+        if result is None:
+            continue
+        runs[name] = result
+        r = day_row(name, result)
+        rows.append({"": name, "USD / million": fmt(r["cost_per_million_usd"], 2),
+                     "P50 ms": fmt(r["p50_ms"]), "P99 ms": fmt(r["p99_ms"]),
+                     "within SLO %": fmt(100 * r["goodput_share"], 1),
+                     "replicas mean / max": f"{fmt(r['replicas_mean'], 2)} / "
+                                            f"{r['replicas_max']}",
+                     "cold starts": str(r["cold_starts"]),
+                     "waited on a cold start": str(r["cold_start_waits"]),
+                     "stable?": r["verdict"]})
+    _table(rows)
+    if runs:
+        st.plotly_chart(figures.latency_and_replicas(runs, bin_s=10.0))
+
+
 def exp_exercises(lang: str) -> None:
     with st.expander("one possible set of answers" if lang == "en" else "参考答案"):
         st.markdown(ANSWERS[lang])
@@ -380,8 +410,36 @@ LESSONS: list[Lesson] = [
             "zh": "把 max_num_batched_tokens 从 8192 降到 256：TTFT 与 TPOT 的 P99 哪个变好、哪个"
                   "变差？再把 KV 缓存降到 512 块：抢占次数和 TTFT 会怎样？"},
            exp_continuous_batching),
+    Lesson("resident-vs-on-demand",
+           {"en": "9. Resident vs on demand: autoscaling and cold starts",
+            "zh": "9. 常驻还是按需：自动扩缩容与冷启动"},
+           {"en": "Traffic follows the day: nothing at night, a peak in the afternoon. A "
+                  "**resident** fleet sized for the peak answers fast all day and pays for "
+                  "idle replicas all night; one sized for the mean is cheap and drowns at the "
+                  "peak. An **autoscaler** adds replicas when the ongoing requests per replica "
+                  "pass a target (Ray Serve's `target_ongoing_requests`) or when concurrency "
+                  "does (Knative), and removes them after a quiet delay. But a new replica is "
+                  "not free: before it serves it must load its weights, move them to the device "
+                  "and run a first forward — the **cold start**, seconds for a small model, "
+                  "minutes for a large one. During it the queue keeps growing, so the requests "
+                  "of a burst wait; with **scale to zero** the first request after a quiet "
+                  "spell waits for a whole cold start. Cost comes from the replica-seconds "
+                  "actually held (cold starts and draining included), not from the maximum.",
+            "zh": "流量随一天变化：夜里几乎没有，下午达到高峰。按高峰配置的**常驻**副本整天响应都快，"
+                  "却整夜为空闲副本付费；按平均值配置的便宜，却在高峰时被压垮。**自动扩缩容**在每个"
+                  "副本的进行中请求数超过目标（Ray Serve 的 `target_ongoing_requests`）或并发超过"
+                  "目标（Knative）时增加副本，在安静一段时间后再减少。但新副本不是免费的：开始服务前"
+                  "它要加载权重、搬到设备上并做第一次前向——这就是**冷启动**，小模型几秒，大模型几分钟。"
+                  "冷启动期间队列继续增长，突发中的请求只能等待；若**缩容到零**，安静之后的第一个请求"
+                  "要等完整的一次冷启动。成本按实际占用的副本秒数计算（含冷启动和排空），而不是按最大"
+                  "副本数。"},
+           {"en": "Which fleet is cheapest with P99 under 500 ms? Raise the cold start to 60 s: "
+                  "which autoscaler suffers more, and why does scale to zero show it first?",
+            "zh": "哪种配置在 P99 低于 500 毫秒时最便宜？把冷启动调到 60 秒：哪种自动扩缩容受影响"
+                  "更大？为什么缩容到零最先暴露问题？"},
+           exp_resident_vs_on_demand),
     Lesson("exercises",
-           {"en": "9. Four exercises", "zh": "9. 四道练习"},
+           {"en": "10. Four exercises", "zh": "10. 四道练习"},
            {"en": "1) Explain the difference between batching and concurrency, with numbers "
                   "from lesson 5. 2) For a low-latency product, small or large batches? Show it "
                   "in lesson 6 or the Compare page. 3) Write a minimal monitoring list for a "

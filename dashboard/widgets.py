@@ -7,7 +7,7 @@ from typing import Any
 import streamlit as st
 
 POLICY_KINDS = ["none", "greedy", "fixed", "dynamic", "aimd", "slo"]
-WORKLOAD_KINDS = ["poisson", "gamma", "mmpp", "constant", "closed"]
+WORKLOAD_KINDS = ["poisson", "gamma", "mmpp", "sinusoid", "constant", "closed"]
 
 
 def policy_widgets(prefix: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -51,13 +51,20 @@ def workload_widgets(prefix: str, defaults: dict[str, Any] | None = None) -> dic
                                 "duration_s": st.slider("duration (s)", 5, 600,
                                                         int(d.get("duration_s", 60)),
                                                         key=f"{prefix}-duration")}
-    if kind in ("poisson", "gamma", "constant"):
+    if kind in ("poisson", "gamma", "constant", "sinusoid"):
         workload["rate_rps"] = st.number_input("rate (req/s)", 0.1, 100_000.0,
                                                float(d.get("rate_rps", 40.0)),
                                                key=f"{prefix}-rate")
     if kind == "gamma":
         workload["cv"] = st.slider("burstiness (CV of gaps)", 0.25, 8.0, float(d.get("cv", 2.0)),
                                    0.25, key=f"{prefix}-cv")
+    if kind == "sinusoid":
+        workload["amplitude"] = st.slider("amplitude (share of the mean rate)", 0.0, 1.0,
+                                          float(d.get("amplitude", 0.8)), 0.05,
+                                          key=f"{prefix}-amp")
+        workload["period_s"] = st.number_input("period (s): a 'day'", 1.0, 86_400.0,
+                                               float(d.get("period_s", 120.0)),
+                                               key=f"{prefix}-period")
     if kind == "mmpp":
         high = st.number_input("burst rate (req/s)", 0.1, 100_000.0,
                                float(d.get("rates_rps", [100.0, 10.0])[0]), key=f"{prefix}-hi")
@@ -72,3 +79,49 @@ def workload_widgets(prefix: str, defaults: dict[str, Any] | None = None) -> dic
                                                float(d.get("think_ms", 100.0)),
                                                key=f"{prefix}-think")
     return workload
+
+
+def autoscaling_widgets(kind: str, defaults: dict[str, Any] | None = None
+                        ) -> dict[str, Any] | None:
+    """Widgets for an autoscaler (``off``: None, fixed replicas); returns its section."""
+    if kind == "off":
+        return None
+    d = defaults or {}
+    zero = kind == "concurrency"
+    out: dict[str, Any] = {"kind": kind}
+    lo, hi = st.slider("replicas (min, max)", 0, 16,
+                       (int(d.get("min_replicas", 0 if zero else 1)),
+                        int(d.get("max_replicas", 4))), key=f"scaling-{kind}-bounds")
+    out.update({"min_replicas": lo, "max_replicas": max(hi, 1)})
+    out["cold_start_s"] = st.number_input(
+        "cold start (s) when the profile has none", 0.0, 600.0,
+        float(d.get("cold_start_s", 5.0)), key=f"scaling-{kind}-cold",
+        help="Load weights, move to the device, first forward; used when the profile was "
+             "calibrated without --load-reps")
+    if kind == "target":
+        out["target_ongoing_requests"] = st.number_input(
+            "target ongoing requests per replica", 0.1, 1000.0,
+            float(d.get("target_ongoing_requests", 2.0)), key="scaling-target-t")
+        out["upscale_delay_s"] = st.slider("upscale delay (s)", 0.0, 120.0,
+                                           float(d.get("upscale_delay_s", 5.0)),
+                                           key="scaling-target-up")
+        out["downscale_delay_s"] = st.slider("downscale delay (s)", 0.0, 600.0,
+                                             float(d.get("downscale_delay_s", 30.0)),
+                                             key="scaling-target-down")
+        out["look_back_period_s"] = st.slider("look-back period (s)", 0.5, 60.0,
+                                              float(d.get("look_back_period_s", 5.0)),
+                                              key="scaling-target-look")
+    else:
+        out["target_concurrency"] = st.number_input(
+            "target concurrency per replica", 0.1, 1000.0,
+            float(d.get("target_concurrency", 2.0)), key="scaling-kpa-t")
+        out["stable_window_s"] = st.slider("stable window (s)", 1.0, 300.0,
+                                           float(d.get("stable_window_s", 30.0)),
+                                           key="scaling-kpa-stable")
+        out["panic_window_s"] = min(out["stable_window_s"], st.slider(
+            "panic window (s)", 0.5, 60.0, float(d.get("panic_window_s", 3.0)),
+            key="scaling-kpa-panic"))
+        out["scale_to_zero_grace_s"] = st.slider(
+            "scale-to-zero grace (s)", 0.0, 300.0, float(d.get("scale_to_zero_grace_s", 10.0)),
+            key="scaling-kpa-grace")
+    return out

@@ -60,3 +60,14 @@ def test_llm_chunked_prefill() -> None:
     assert small["ttft_ms.p99"] > large["ttft_ms.p99"]  # prompts spread over more steps
     assert small["tpot_ms.p99"] < large["tpot_ms.p99"]  # decodes no longer stall
     assert small["itl_ms.p99"] < large["itl_ms.p99"] / 2
+
+
+def test_autoscaling() -> None:
+    t = run("autoscaling")
+    delay = t.groupby("autoscaling.downscale_delay_s")["replicas.mean"].mean()
+    assert delay.loc[60] > delay.loc[5]  # a long downscale delay keeps replicas longer
+    target = t.groupby("autoscaling.target_ongoing_requests")
+    replicas = target["replicas.mean"].mean()
+    assert replicas.loc[1] > replicas.loc[4]  # a low target holds more replicas
+    assert target["latency_ms.p99"].mean().loc[4] > target["latency_ms.p99"].mean().loc[1]
+    assert t["meets_slo"].any() and not t["meets_slo"].all()

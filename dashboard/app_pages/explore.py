@@ -10,7 +10,7 @@ import yaml
 
 from dashboard import figures
 from dashboard.state import fmt, parse_upload, profile_choice, run_scenario
-from dashboard.widgets import policy_widgets, workload_widgets
+from dashboard.widgets import autoscaling_widgets, policy_widgets, workload_widgets
 from sim.stability import stability_warning
 
 DEFAULT_CLASSES = [
@@ -73,6 +73,19 @@ with left:
             classes = [{str(k): (None if pd.isna(v) else v) for k, v in row.items()}
                        for row in edited.to_dict("records") if row.get("name")]
 
+    with st.expander("autoscaling and cold starts"):
+        scaling_loaded = loaded.get("autoscaling") or {}
+        kinds = ["off", "target", "concurrency"]
+        scaling_kind = st.selectbox(
+            "autoscaler", kinds, index=kinds.index(scaling_loaded.get("kind", "off"))
+            if scaling_loaded.get("kind", "off") in kinds else 0, key="explore-scaling",
+            help="target: Ray Serve's target_ongoing_requests; concurrency: Knative's KPA "
+                 "(min replicas 0 = scale to zero). Off: the fixed replicas above.")
+        autoscaling = autoscaling_widgets(scaling_kind, scaling_loaded)
+        price = st.number_input("price per replica-hour (USD)", 0.0, 1000.0,
+                                float(loaded.get("price_per_replica_hour") or 1.0),
+                                key="explore-price")
+
 scenario: dict[str, Any] = {
     "name": "dashboard", "seed": int(seed),
     "service": {"kind": "profile", "path": profile or "builtin:minilm-cpu"},
@@ -84,6 +97,10 @@ scenario: dict[str, Any] = {
 }
 if classes:
     scenario["classes"] = classes
+scenario["price_per_replica_hour"] = float(price)
+if autoscaling is not None:
+    scenario.pop("replicas")
+    scenario["autoscaling"] = autoscaling
 if policy["kind"] == "aimd":
     scenario["policy"]["slo_ms"] = policy.get("slo_ms", slo_ms)
 
@@ -105,6 +122,12 @@ with right:
         second[1].metric("mean batch", fmt(s["mean_batch_size"], 2))
         second[2].metric("batch utilisation", fmt(100 * s["batch_utilization"], 1, " %"))
         second[3].metric("queue length p95", fmt(s["queue_len"]["p95"], 0))
+        third = st.columns(4)
+        third[0].metric("replicas (mean)", fmt(s["replica_seconds"] / s["window_s"], 2)
+                        if s["window_s"] else "–")
+        third[1].metric("cost per million", fmt(s["cost_per_million_usd"], 2, " USD"))
+        third[2].metric("cold starts", fmt(s["cold_starts"], 0))
+        third[3].metric("waited on a cold start", fmt(s["cold_start_waits"], 0))
         if s.get("classes"):
             st.markdown("**per request class** (a class whose P99 or error rate runs away is "
                         "being starved)")
@@ -113,6 +136,7 @@ with right:
         a, b = st.columns(2)
         a.plotly_chart(figures.latency_cdf(runs))
         b.plotly_chart(figures.percentile_bars(runs))
+        st.plotly_chart(figures.latency_and_replicas(runs))
         st.plotly_chart(figures.queue_over_time(result))
         a, b, c = st.columns(3)
         a.plotly_chart(figures.batch_histogram(result))

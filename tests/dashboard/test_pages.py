@@ -29,7 +29,7 @@ def test_explore_reacts_to_the_rate() -> None:
     at = page("explore")
     before = metrics(at)
     assert float(before["throughput (req/s)"]) > 0 and "P99 latency" in before
-    assert len(at.get("plotly_chart")) == 6
+    assert len(at.get("plotly_chart")) == 7
     at.number_input(key="explore-rate").set_value(55.0).run()
     assert not at.exception
     after = metrics(at)
@@ -77,7 +77,7 @@ def test_verify_shows_the_shipped_comparison() -> None:
 def test_course_lessons_run_in_both_languages() -> None:
     at = page("course")
     lessons = at.selectbox(key="course-lesson").options
-    assert len(lessons) == 9
+    assert len(lessons) == 10
     for title in lessons:
         at.selectbox(key="course-lesson").set_value(title).run()
         assert not at.exception, title
@@ -136,3 +136,46 @@ def test_verify_reads_an_llm_compare_directory() -> None:
     assert {"ttft_ms.p50", "tpot_ms.p99", "output_tokens_per_s"} <= set(table["metric"])
     assert len(at.get("plotly_chart")) == 1  # the TTFT CDFs of sim and live runs
     assert any("prefill ×" in i.value for i in at.info)
+
+
+def test_explore_autoscaling_holds_fewer_replica_seconds_on_a_day_and_shows_cold_starts(
+        ) -> None:
+    at = page("explore")
+    at.selectbox(key="explore-workload-kind").set_value("sinusoid").run()
+    at.slider(key="explore-duration").set_value(240).run()
+    at.slider(key="explore-replicas").set_value(4).run()
+    assert not at.exception
+    fixed = metrics(at)
+    assert fixed["replicas (mean)"] == "4.00" and fixed["cold starts"] == "0"
+    at.selectbox(key="explore-scaling").set_value("concurrency").run()  # scale to zero
+    assert not at.exception
+    scaled = metrics(at)
+    assert float(scaled["replicas (mean)"]) < 4
+    assert int(scaled["cold starts"]) > 0
+    cost = {k: float(v["cost per million"].split()[0]) for k, v in
+            (("fixed", fixed), ("scaled", scaled))}
+    assert cost["scaled"] < cost["fixed"]
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"]
+              for c in at.get("plotly_chart")]
+    assert "P99 latency per time bin and replica count" in titles
+
+
+def test_the_autoscaling_lesson_compares_fixed_and_on_demand_fleets() -> None:
+    at = page("course")
+    title = next(t for t in at.selectbox(key="course-lesson").options if t.startswith("9."))
+    at.selectbox(key="course-lesson").set_value(title).run()
+    assert not at.exception
+    table = at.dataframe[0].value.set_index("")
+    assert len(table) == 5
+    zero = table.loc["concurrency, scale to zero (Knative)"]
+
+    def num(text: str) -> float:
+        return float(str(text).replace(",", ""))
+
+    assert int(zero["cold starts"]) > 0 and int(table.loc["fixed 4", "cold starts"]) == 0
+    assert num(zero["USD / million"]) < num(table.loc["fixed 4", "USD / million"])
+    at.slider(key="l9-cold").set_value(60.0).run()
+    assert not at.exception
+    slower = at.dataframe[0].value.set_index("")
+    assert num(slower.loc["concurrency, scale to zero (Knative)", "P99 ms"]) > num(
+        zero["P99 ms"])
