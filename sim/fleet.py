@@ -233,6 +233,7 @@ def fleet_summary(requests: pd.DataFrame, series: pd.DataFrame, events: pd.DataF
         tail = latency_s >= np.percentile(latency_s, 99)
         tail_share = float(ok_waited[tail].mean()) if tail.any() else float("nan")
     loads = _load_times_s(events)
+    empty = empty_fleet_waits_s(requests, series, lo_s, hi_s)
     return {
         "replica_seconds": seconds,
         "replicas": {"mean": seconds / span if span > 0 else float("nan"),
@@ -246,7 +247,33 @@ def fleet_summary(requests: pd.DataFrame, series: pd.DataFrame, events: pd.DataF
         "cold_start_wait_share": float(np.mean(waited[arrived])) if arrived.any()
         else float("nan"),
         "cold_start_tail_share": tail_share,
+        "empty_fleet_wait_s": {"episodes": int(empty.size),
+                               "mean": float(empty.mean()) if empty.size else float("nan"),
+                               "max": float(empty.max()) if empty.size else float("nan")},
     }
+
+
+def empty_fleet_waits_s(requests: pd.DataFrame, series: pd.DataFrame, lo_s: float,
+                        hi_s: float) -> np.ndarray:
+    """Per episode with no ready replica: from the first arrival in it to the first replica
+    ready (how long the head of a burst waits after scale to zero, or after a fleet too
+    small to have anyone ready); arrivals in [lo, hi].
+    """
+    t = series["time_s"].to_numpy(float)
+    ready = series["ready"].to_numpy()
+    arrival = np.sort(requests["arrival_s"].to_numpy(float))
+    arrival = arrival[(arrival >= lo_s) & (arrival <= hi_s)]
+    if not arrival.size or not t.size:
+        return np.empty(0)
+    k = np.searchsorted(t, arrival, side="right") - 1
+    none_ready = ready[np.clip(k, 0, None)] == 0
+    ready_times = t[ready > 0]
+    waits: dict[float, float] = {}
+    for a in arrival[none_ready]:
+        j = np.searchsorted(ready_times, a, side="right")
+        if j < ready_times.size:
+            waits.setdefault(float(ready_times[j]), a)  # the episode's first arrival
+    return np.array([r - a for r, a in waits.items()], dtype=float)
 
 
 def _load_times_s(events: pd.DataFrame) -> np.ndarray:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.fleet import DRAINING, OFF, READY, STARTING, Fleet
 from sim.llm.kv import Seq
 from sim.llm.schedulers import LlmScheduler, StepPlan
 from sim.llm.step_model import Composition, composition
@@ -65,7 +66,8 @@ class LlmCore:
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
                  output_tokens: np.ndarray, schedulers: LlmScheduler | list[LlmScheduler],
-                 routing: str = "jsq", priority: np.ndarray | None = None) -> None:
+                 routing: str = "jsq", priority: np.ndarray | None = None,
+                 fleet: Fleet | None = None) -> None:
         n = arrival_s.size
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens.astype(np.int64)
@@ -95,6 +97,12 @@ class LlmCore:
         self._outstanding = [0] * len(self.schedulers)
         self.admitted = 0
         self._seqs: list[Seq | None] = [None] * n
+        self.fleet = fleet
+        self.launched: list[int] = []  # replicas launched since the driver last looked
+        self.stopped: list[int] = []  # drained replicas stopped since then
+        if fleet is not None and len(fleet.state) != len(self.schedulers):
+            raise ValueError(f"fleet has {len(fleet.state)} slots for "
+                             f"{len(self.schedulers)} schedulers")
 
     # -- arrivals ----------------------------------------------------------------------------
     def next_arrival_s(self) -> float:
@@ -103,6 +111,13 @@ class LlmCore:
             else math.inf
 
     def _route(self) -> int:
+        if self.fleet is not None:
+            slots = self._candidates()
+            if self.routing == "round_robin":
+                r = slots[self._next_rr % len(slots)]
+                self._next_rr += 1
+                return r
+            return min(slots, key=lambda k: (self._outstanding[k], k))
         if len(self.schedulers) == 1:
             return 0
         if self.routing == "round_robin":
@@ -111,6 +126,60 @@ class LlmCore:
             return r
         loads = self._outstanding
         return loads.index(min(loads))
+
+    # -- autoscaling -------------------------------------------------------------------------
+    def _candidates(self) -> list[int]:
+        """Where an arrival may go: the ready engines; if none, the starting ones; if none,
+        the slot the next launch takes (one already holding requests, else the lowest).
+        """
+        fleet = self.fleet
+        assert fleet is not None
+        for state in (READY, STARTING):
+            slots = fleet.slots(state)
+            if slots:
+                return slots
+        off = sorted(fleet.slots(OFF), key=lambda r: (-self._outstanding[r], r))
+        return off[:1] or [0]
+
+    def steps_on(self, replica: int) -> bool:
+        """Whether a replica runs steps: always without a fleet; ready or draining with."""
+        return self.fleet is None or self.fleet.state[replica] in (READY, DRAINING)
+
+    def ticking(self) -> bool:
+        """Whether the autoscaler has anything left to react to."""
+        fleet = self.fleet
+        assert fleet is not None
+        return (self.next_arrival_s() < math.inf or sum(self._outstanding) > 0
+                or fleet.count(STARTING) > 0 or fleet.count(DRAINING) > 0)
+
+    def control(self, now_s: float) -> None:
+        """Consult the autoscaler: launch engines (the driver reports them ready after their
+        cold start) and retire others (they finish every request they hold, then stop).
+        """
+        fleet = self.fleet
+        assert fleet is not None
+        queued = sum(s.queued() for s in self.schedulers)
+        view = fleet.view(now_s, queued, sum(self._outstanding) - queued)
+        launch, retire = fleet.plan(view, list(self._outstanding))
+        for r in launch:
+            fleet.launch(r, now_s)
+            self.launched.append(r)
+        for r in retire:
+            fleet.retire(r, now_s)
+            self.stop_if_drained(r, now_s)
+
+    def ready(self, replica: int, now_s: float) -> None:
+        """A launched engine has loaded its model."""
+        assert self.fleet is not None
+        self.fleet.ready(replica, now_s)
+
+    def stop_if_drained(self, replica: int, now_s: float) -> None:
+        """A retired engine with nothing left stops."""
+        fleet = self.fleet
+        if fleet is not None and fleet.state[replica] == DRAINING and \
+                self._outstanding[replica] == 0:
+            fleet.stop(replica, now_s)
+            self.stopped.append(replica)
 
     def admit_until(self, now_s: float) -> None:
         """Hand every request that arrived by ``now_s`` to a replica's scheduler (or reject
@@ -145,6 +214,9 @@ class LlmCore:
     # -- steps -------------------------------------------------------------------------------
     def plan(self, now_s: float, replica: int = 0) -> tuple[StepPlan, Composition | None]:
         """A replica's next step: plan and composition (None when there is nothing to do)."""
+        if not self.steps_on(replica):
+            raise StepInvariantError(f"replica {replica} is {self.fleet.state[replica]} "  # type: ignore[union-attr]
+                                     "and cannot run a step")
         plan = self.schedulers[replica].schedule(now_s)
         if plan.empty:
             return plan, None
@@ -208,6 +280,7 @@ class LlmCore:
         log.waiting.append(sched.queued())
         log.preempted.append(len(plan.preempted))
         self._record_queue(replica, end_s)
+        self.stop_if_drained(replica, end_s)
 
     def fail_step(self, plan: StepPlan, now_s: float, reason: str, replica: int = 0) -> None:
         """A replica's step raised: its requests fail (with the reason) and leave the
@@ -223,6 +296,7 @@ class LlmCore:
         self.schedulers[replica].finished(failed)
         self._outstanding[replica] -= len(failed)
         self._record_queue(replica, now_s)
+        self.stop_if_drained(replica, now_s)
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> dict[str, int]:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.fleet import fleet_summary
 from sim.metrics import _stats_ms, queue_length_stats
 from sim.stability import queue_trend, verdict
 
@@ -52,8 +53,12 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
                   horizon_s: float, end_s: float, num_blocks: int | None,
                   ttft_slo_ms: float | None, tpot_slo_ms: float | None,
                   driver: str, replicas: int = 1,
-                  price_per_replica_hour: float = 0.0) -> dict[str, Any]:
-    """The summary of an LLM run (keys in the README's LLM metrics table)."""
+                  price_per_replica_hour: float = 0.0,
+                  fleet: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Any]:
+    """The summary of an LLM run (keys in the README's LLM metrics table); ``fleet`` (the
+    replica series and events of an autoscaled run) adds the autoscaling metrics and makes
+    utilisation and cost count the replica-seconds held.
+    """
     lo, hi = warmup_s, horizon_s
     span = max(hi - lo, 0.0)
     per_s = 1.0 / span if span > 0 else math.nan
@@ -120,7 +125,7 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
                                f"{preempted} preemptions"}
     elif stability["verdict"] == "stable":
         stability = {**stability, "reason": "the waiting queue shows no trend"}
-    return {
+    out: dict[str, Any] = {
         "driver": driver,
         "kind": "llm",
         "requests": arrivals,
@@ -163,3 +168,18 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
         if price_per_replica_hour > 0 and completed.sum() else None,
         "end_s": end_s,
     }
+    held_s = replicas * span
+    scaling: dict[str, Any] = {"replica_seconds": held_s, "cold_starts": 0,
+                               "cold_start_waits": 0}
+    if fleet is not None:
+        # a request "starts" on its engine when its first token comes
+        started = requests.assign(start_s=requests["first_token_s"])
+        scaling = fleet_summary(started, fleet[0], fleet[1], lo, hi,
+                                (finish - arrival)[ok], ok)
+        held_s = float(scaling["replica_seconds"])  # type: ignore[arg-type]
+        out["utilization"] = busy / held_s if held_s > 0 else math.nan
+        out["cost_per_million_usd"] = (price_per_replica_hour * held_s / 3600
+                                       / float(completed.sum()) * 1e6) \
+            if price_per_replica_hour > 0 and completed.sum() else None
+    out.update(scaling)
+    return out

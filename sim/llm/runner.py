@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from calibration.step_profile import load_step_profile
-from sim.build import WORKLOADS, Streams, _knobs
+from sim.build import AUTOSCALERS, WORKLOADS, Streams, _knobs
+from sim.fleet import ColdStart, Fleet
 from sim.llm.core import LlmCore, StepInvariantError
 from sim.llm.metrics import summarize_llm
 from sim.llm.scenario import LlmScenario, load_llm_scenario
@@ -56,10 +57,12 @@ class LlmResult:
     tokens: pd.DataFrame
     queue: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    replicas: pd.DataFrame | None = None
+    fleet_events: pd.DataFrame | None = None
 
     def write(self, out_dir: str | Path) -> Path:
         """Write the run directory: scenario.yaml, requests/steps/tokens/queue.parquet,
-        summary.json, meta.json.
+        summary.json, meta.json (autoscaled: replicas.parquet, fleet_events.parquet).
         """
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -69,6 +72,9 @@ class LlmResult:
         self.steps.to_parquet(out / "steps.parquet", index=False)
         self.tokens.to_parquet(out / "tokens.parquet", index=False)
         self.queue.to_parquet(out / "queue.parquet", index=False)
+        if self.replicas is not None and self.fleet_events is not None:
+            self.replicas.to_parquet(out / "replicas.parquet", index=False)
+            self.fleet_events.to_parquet(out / "fleet_events.parquet", index=False)
         write_json(out / "summary.json", self.summary)
         return out
 
@@ -126,21 +132,41 @@ def build_llm_core(scenario: LlmScenario) -> LlmCore:
     with live).
     """
     schedule, prompt, output = llm_schedule(scenario)
+    autoscaler = None
+    if scenario.autoscaling is not None:
+        autoscaler = AUTOSCALERS[scenario.autoscaling.kind](
+            **_knobs(scenario.autoscaling, "control_period_s", "cold_start_s"))
+    fleet = None if autoscaler is None else Fleet(
+        scenario.fleet_size, autoscaler, scenario.autoscaling.control_period_s)  # type: ignore[union-attr]
     return LlmCore(schedule.arrival_s, prompt, output,
-                   [build_scheduler(scenario) for _ in range(scenario.replicas)],
-                   routing=scenario.routing, priority=schedule.priority)
+                   [build_scheduler(scenario) for _ in range(scenario.fleet_size)],
+                   routing=scenario.routing, priority=schedule.priority, fleet=fleet)
 
 
-def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf) -> float:
+def llm_cold_start(scenario: LlmScenario) -> ColdStart | None:
+    """An autoscaled LLM scenario's cold start (``autoscaling.cold_start_s``)."""
+    cfg = scenario.autoscaling
+    if cfg is None:
+        return None
+    return ColdStart(np.empty(0), float(cfg.cold_start_s or 0.0),
+                     Streams.from_seed(scenario.seed).cold_start)
+
+
+def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf,
+             cold_start: ColdStart | None = None) -> float:
     """Run the core's replicas on the step model until every request is done (or
     ``until_s``); return the end time.
 
-    Events in time order: steps ending (their tokens are recorded), arrivals (routed to a
-    replica), schedulers' timers. After each, every replica not in a step plans its next one.
+    Events in time order: steps ending (their tokens are recorded), engines becoming ready
+    after their cold start (autoscaling), the autoscaler's control periods, arrivals (routed
+    to a replica; one to an empty fleet consults the autoscaler at once), schedulers' timers.
+    After each, every engine that runs and is not in a step plans its next one.
     """
     n = len(core.schedulers)
+    fleet = core.fleet
     running: list[tuple[Any, Any, float, float] | None] = [None] * n
     wake = [math.inf] * n
+    ready_at: dict[int, float] = {}
     now = 0.0
     while True:
         for r in range(n):
@@ -148,9 +174,27 @@ def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf) -> floa
             if step is not None and step[3] <= now:
                 core.complete(step[0], step[1], step[2], step[3], r)
                 running[r] = None
+        if fleet is not None:
+            for r, at_s in sorted(ready_at.items(), key=lambda x: x[1]):
+                if at_s <= now:
+                    core.admit_until(at_s)
+                    core.ready(r, at_s)
+                    del ready_at[r]
+            while fleet.next_tick_s <= now and core.ticking():
+                core.admit_until(fleet.next_tick_s)
+                core.control(fleet.next_tick_s)
+                fleet.next_tick_s += fleet.control_period_s
         core.admit_until(now)
+        if fleet is not None:
+            if fleet.empty() and sum(core._outstanding) > 0:
+                core.control(now)
+            assert cold_start is not None, "an autoscaled core needs a cold-start model"
+            for r in core.launched:
+                ready_at[r] = now + cold_start.sample_s()
+            core.launched.clear()
+            core.stopped.clear()
         for r in range(n):
-            if running[r] is None:
+            if running[r] is None and core.steps_on(r):
                 plan, comp = core.plan(now, r)
                 if comp is not None:
                     running[r] = (plan, comp, now, now + model.step_s(comp))
@@ -162,7 +206,9 @@ def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf) -> floa
                     raise StepInvariantError(f"{core.schedulers[r]!r} has work but planned "
                                              "nothing and set no timer: it would never finish")
         ends = [s[3] for s in running if s is not None]
-        nxt = min([core.next_arrival_s(), *wake, *ends])
+        nxt = min([core.next_arrival_s(), *wake, *ends, *ready_at.values()])
+        if fleet is not None and core.ticking():
+            nxt = min(nxt, fleet.next_tick_s)
         if nxt == math.inf:
             return now
         if nxt >= until_s:  # stop: steps still running are not recorded (censored)
@@ -241,7 +287,7 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
     model = build_step_model(scn)
     horizon = horizon_s(scn, core.arrival_s)
     until = math.inf if drain_timeout_s is None else horizon + drain_timeout_s
-    end_s = simulate(core, model, until)
+    end_s = simulate(core, model, until, llm_cold_start(scn))
     counts = core.close()
     wall_s = time.perf_counter() - t0
     requests, steps, tokens, queue = tables(core)
@@ -250,8 +296,9 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
                             warmup_s=scn.warmup_s, horizon_s=horizon, end_s=end_s,
                             num_blocks=num_blocks, ttft_slo_ms=scn.slo.ttft_ms,
                             tpot_slo_ms=scn.slo.tpot_ms, driver="sim",
-                            replicas=scn.replicas,
-                            price_per_replica_hour=scn.price_per_replica_hour)
+                            replicas=scn.fleet_size,
+                            price_per_replica_hour=scn.price_per_replica_hour,
+                            fleet=llm_fleet_tables(core))
     meta = run_meta(scn, driver="sim", device={"kind": "simulated",  # type: ignore[arg-type]
                                                "service": repr(model),
                                                "scheduler": repr(core.scheduler)},
@@ -262,4 +309,13 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
                            "requests_per_wall_s": len(requests) / wall_s if wall_s else None,
                            "tokens_per_wall_s": int(core.token_offset[core.admitted]) / wall_s
                            if wall_s else None})
-    return LlmResult(scn, summary, requests, steps, tokens, queue, meta)
+    fleet = llm_fleet_tables(core)
+    return LlmResult(scn, summary, requests, steps, tokens, queue, meta,
+                     *(fleet if fleet is not None else (None, None)))
+
+
+def llm_fleet_tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The replica series and fleet events of an autoscaled core (None: fixed engines)."""
+    if core.fleet is None:
+        return None
+    return core.fleet.log.series(), core.fleet.log.event_frame()

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from sim.scenario import (
+    AutoscalingCfg,
     ConstantWorkloadCfg,
     GammaWorkloadCfg,
     MmppWorkloadCfg,
@@ -279,9 +280,24 @@ class LlmScenario(_Strict):
     routing: Literal["jsq", "round_robin"] = "jsq"
     model: LlmModelCfg | None = None
     price_per_replica_hour: float = Field(0.0, ge=0)
+    autoscaling: AutoscalingCfg | None = None
+
+    @property
+    def fleet_size(self) -> int:
+        """Engine slots: ``replicas``, or the autoscaler's most replicas."""
+        return self.autoscaling.slots if self.autoscaling is not None else self.replicas
 
     @model_validator(mode="after")
     def _cross_checks(self) -> LlmScenario:
+        if self.autoscaling is not None:
+            if "replicas" in self.model_fields_set and self.replicas != 1:
+                raise ValueError("replicas: an autoscaled scenario sizes its fleet with "
+                                 "autoscaling.min_replicas/max_replicas/initial_replicas; "
+                                 "leave replicas out")
+            if self.autoscaling.cold_start_s is None:
+                raise ValueError("autoscaling.cold_start_s: an LLM engine's cold start is not "
+                                 "in its step profile; give the seconds a new engine needs "
+                                 "to load its model")
         duration_s = getattr(self.workload, "duration_s", None)
         if duration_s is not None and self.warmup_s >= duration_s:
             raise ValueError(f"warmup_s: {self.warmup_s:g} s leaves nothing to measure of "
@@ -294,7 +310,7 @@ class LlmScenario(_Strict):
 
 
 _UNIONS: dict[str, Any] = {"service": LlmServiceCfg, "workload": LlmWorkloadCfg,
-                           "policy": LlmPolicyCfg}
+                           "policy": LlmPolicyCfg, "autoscaling": AutoscalingCfg}
 _SECTIONS: dict[str, type[BaseModel]] = {"slo": LlmSloCfg, "model": LlmModelCfg}
 
 
