@@ -27,8 +27,14 @@ import sim.llm
 from calibration.errors import UserError
 from calibration.llm_decoder import LlamaDecoder, StepEntry
 from calibration.step_profile import StepProfile, load_step_profile
-from executor.compare import compare_rows
-from executor.llm_run import build_decoders, check_llm_bounds, live_llm, llm_model_spec
+from executor.compare import FLEET_METRICS, compare_rows
+from executor.llm_run import (
+    build_decoders,
+    check_llm_bounds,
+    live_llm,
+    llm_model_spec,
+    resident_engines,
+)
 from sim.llm.load import load_overrides, saturation_rps
 from sim.llm.runner import build_llm_core, decoder_capacity, default_drain_s, horizon_s
 from sim.llm.scenario import LlmScenario, load_llm_scenario
@@ -170,21 +176,25 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
     core = build_llm_core(scn)
     if not force:
         check_llm_bounds(stored, horizon_s(scn, core.arrival_s), max_wall_s, repeats)
+    slots, max_len = decoder_capacity(scn, core)
     if decoders is None:
-        slots, max_len = decoder_capacity(scn, core)
-        decoders = build_decoders(llm_model_spec(scn), scn.replicas, slots, max_len)
+        decoders = build_decoders(llm_model_spec(scn), resident_engines(scn), slots, max_len)
+    probe_decoder = decoders[0] if decoders else None
+    if probe_mode == "full" and probe_decoder is None:  # scale from zero: one to probe
+        probe_decoder = build_decoders(llm_model_spec(scn), 1, slots, max_len)[0]
     lives, sims, probes = [], [], []
     for i in range(1, repeats + 1):
         probe = None
         if probe_mode == "full":
-            before = probe_llm(decoders[0], stored_profile)
+            assert probe_decoder is not None
+            before = probe_llm(probe_decoder, stored_profile)
         if progress:
             progress(f"live run {i}/{repeats}")
         result = live_llm(scn, drain_timeout_s=drain_s, decoders=decoders)
         run_dir = result.write(out / f"live-{i}")
         lives.append(result.summary)
         if probe_mode == "full":
-            after = probe_llm(decoders[0], stored_profile)
+            after = probe_llm(probe_decoder, stored_profile)  # type: ignore[arg-type]
             scales = {k: math.sqrt(before[k] * after[k])
                       for k in ("prefill_scale", "decode_scale")}
             by_size = {k: {n: math.sqrt(before[k][n] * after[k][n]) for n in before[k]}
@@ -202,7 +212,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
             probes.append(probe)
     rows = compare_rows(sims if sims else stored.summary, lives,
                         stored_summary=stored.summary if sims else None,
-                        metrics=LLM_METRICS)
+                        metrics=LLM_METRICS + (FLEET_METRICS if scn.autoscaling else []))
     data = {"scenario": scn.name, "kind": "llm", "repeats": repeats, "probe_mode": probe_mode,
             "offered_rps": stored.summary["stability"]["offered_rps"],
             "probed": bool(sims), "probes": [{k: p[k] for k in ("prefill_scale",
@@ -244,7 +254,8 @@ def sweep_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str 
               for r in rhos for f in (1.0, 1.5)]
     sizes = [decoder_capacity(p, build_llm_core(p)) for p in points]
     slots, max_len = max(s for s, _ in sizes), max(m for _, m in sizes)
-    decoders = build_decoders(llm_model_spec(scn), scn.replicas, slots, max_len)
+    decoders = build_decoders(llm_model_spec(scn), max(resident_engines(scn), 1), slots,
+                              max_len)
     rate_scn, capacity = scn, capacity_stored
     if probe_mode == "full":
         measured = probe_llm(decoders[0], stored_profile)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from calibration.llm_decoder import LlamaDecoder, StepEntry
@@ -79,14 +80,24 @@ class ReplayDecoder:
 class LiveLlmEngine:
     """Runs an :class:`LlmCore` in real time, one decoder per replica."""
 
-    def __init__(self, core: LlmCore, decoders: list[LlamaDecoder] | list[ReplayDecoder], *,
-                 drain_until_s: float = math.inf) -> None:
+    def __init__(self, core: LlmCore, decoders: Sequence[Any], *,
+                 drain_until_s: float = math.inf,
+                 loader: Callable[[int], Any] | None = None) -> None:
         if len(decoders) != len(core.schedulers):
             raise ValueError(f"need one decoder per replica ({len(core.schedulers)}), got "
                              f"{len(decoders)}")
+        if core.fleet is not None and loader is None:
+            raise ValueError("an autoscaled core needs a loader to start engines")
         self.core = core
-        self.decoders = decoders
-        self.slots = [SlotTable(d.cfg.max_slots) for d in decoders]
+        self.decoders: list[Any] = list(decoders)  # None: an engine not loaded (autoscaling)
+        self.loader = loader
+        self.slots = [SlotTable(d.cfg.max_slots) if d is not None else SlotTable(0)
+                      for d in decoders]
+        self._loading: dict[int, threading.Thread] = {}
+        self._loaded: list[tuple[int, Any, float, float]] = []  # replica, decoder, t0, t1
+        self._lock = threading.Lock()
+        self.cold_starts_s: list[dict[str, float]] = []
+        self.fatal_error: str | None = None
         self.drain_until_s = drain_until_s
         self._stop = threading.Event()
         self._mode = "drain"
@@ -134,35 +145,148 @@ class LiveLlmEngine:
             error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         return start, self.now_s(), error
 
+    # -- autoscaling -------------------------------------------------------------------------
+    def _launch(self, replica: int) -> None:
+        """Load an engine's decoder on its own thread (its real cold start)."""
+        assert self.loader is not None
+        loader = self.loader
+
+        def load() -> None:
+            t0 = self.now_s()
+            try:
+                decoder = loader(replica)
+            except Exception as exc:  # the run cannot go on as the autoscaler planned
+                self.fatal_error = (f"engine {replica} could not load its model: "
+                                    f"{type(exc).__name__}: {exc}").splitlines()[0][:300]
+                self.stop("abandon")
+                return
+            with self._lock:
+                self._loaded.append((replica, decoder, t0, self.now_s()))
+
+        thread = threading.Thread(target=load, name=f"load-engine-{replica}", daemon=True)
+        self._loading[replica] = thread
+        thread.start()
+
+    def _fleet(self, now: float) -> None:
+        """Engines loaded since the last look become ready; control periods that fell due
+        and an arrival to an empty fleet consult the autoscaler; launches start loading and
+        stopped engines let their decoder go.
+        """
+        core = self.core
+        fleet = core.fleet
+        assert fleet is not None
+        with self._lock:
+            loaded, self._loaded = self._loaded, []
+        for replica, decoder, t0, t1 in sorted(loaded, key=lambda x: x[3]):
+            self._loading.pop(replica, None)
+            self.decoders[replica] = decoder
+            self.slots[replica] = SlotTable(decoder.cfg.max_slots)
+            core.admit_until(t1)
+            core.ready(replica, t1)
+            self.cold_starts_s.append({"replica": replica, "total_s": t1 - t0})
+        if self.stopped_at_s is None:
+            while fleet.next_tick_s <= now and core.ticking():
+                core.admit_until(fleet.next_tick_s)
+                core.control(fleet.next_tick_s)
+                fleet.next_tick_s += fleet.control_period_s
+            core.admit_until(now)
+            if fleet.empty() and sum(core._outstanding) > 0:
+                core.control(now)
+        for replica in core.launched:
+            self._launch(replica)
+        core.launched.clear()
+        for replica in core.stopped:
+            self.decoders[replica] = None  # the model is released with its last reference
+        core.stopped.clear()
+
     def run(self) -> float:
         """Run until every admitted request is done (or stopped, or past the drain deadline);
         return the end time (s since the start).
+
+        Each engine steps on its own worker thread, as independent engines do (torch
+        releases the GIL); the calling thread admits arrivals at their times and runs the
+        autoscaler. The core is shared under one lock. At the deadline, or when abandoned,
+        steps still running are not recorded (censored, as in the simulator).
         """
         core = self.core
         n = len(core.schedulers)
         self.start_perf = time.perf_counter()
+        self._cond = threading.Condition()
+        self._busy = [False] * n
+        self._done = False
+        workers = [threading.Thread(target=self._worker, args=(r,), name=f"engine-{r}",
+                                    daemon=True) for r in range(n)]
+        for w in workers:
+            w.start()
+        try:
+            return self._drive()
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+            for w in workers:
+                w.join(timeout=60)
+
+    def _drive(self) -> float:
+        """The admitting thread: arrivals, the stop, the autoscaler, the end."""
+        core, cond = self.core, self._cond
         deadline = self.drain_until_s
         while True:
-            now = self.now_s()
-            if self._stop.is_set() and self.stopped_at_s is None:
-                self.stopped_at_s = now
-                core.admit_until(now)  # what was due by the stop still arrives
-                if self._mode == "abandon":
+            with cond:
+                now = self.now_s()
+                if self._stop.is_set() and self.stopped_at_s is None:
+                    self.stopped_at_s = now
+                    core.admit_until(now)  # what was due by the stop still arrives
+                    if self._mode == "abandon":
+                        return now
+                if self.stopped_at_s is None:
+                    core.admit_until(now)
+                if core.fleet is not None:
+                    self._fleet(now)
+                if now >= deadline:
+                    self.drain_timed_out = any(s.has_work() for s in core.schedulers) or any(
+                        self._busy)
                     return now
-            if self.stopped_at_s is None:
-                core.admit_until(now)
-            if now >= deadline:
-                self.drain_timed_out = any(s.has_work() for s in core.schedulers)
-                return now
-            stepped = False
-            wake = math.inf
-            for r in range(n):
-                plan, comp = core.plan(now, r)
-                if comp is None:
-                    if plan.wake_at_s is not None:
-                        wake = min(wake, plan.wake_at_s)
-                    continue
-                start, end, error = self._execute(r, plan, comp)
+                cond.notify_all()  # new arrivals, new engines: the workers look again
+                upcoming = core.next_arrival_s() if self.stopped_at_s is None else math.inf
+                wake = math.inf
+                fleet = core.fleet
+                if fleet is not None and self.stopped_at_s is None and core.ticking():
+                    wake = fleet.next_tick_s
+                loading = bool(self._loading)
+                working = any(self._busy) or any(
+                    s.has_work() for r, s in enumerate(core.schedulers) if core.steps_on(r))
+                if upcoming == math.inf and wake == math.inf and not loading and not working:
+                    return now  # nothing left to run or to wait for
+                nxt = min(upcoming, wake, deadline,
+                          now + 0.005 if loading else math.inf, now + 0.05)
+                pause = nxt - self.now_s()
+                if pause > 0:
+                    cond.wait(pause)  # a finished step or a stop wakes it early
+
+    def _worker(self, r: int) -> None:
+        """One engine: plan under the lock, run the step outside it, record under it."""
+        core, cond = self.core, self._cond
+        while True:
+            with cond:
+                while True:
+                    if self._done:
+                        return
+                    timeout = 0.05
+                    if core.steps_on(r) and self.decoders[r] is not None:
+                        now = self.now_s()
+                        plan, comp = core.plan(now, r)
+                        if comp is not None:
+                            self._busy[r] = True
+                            break
+                        if plan.wake_at_s is not None:
+                            timeout = max(min(plan.wake_at_s - now, 0.05), 0.0)
+                    cond.wait(timeout)
+            start, end, error = self._execute(r, plan, comp)
+            with cond:
+                self._busy[r] = False
+                if self._done:
+                    return  # stopped mid-step: not recorded (censored)
                 if error is None:
                     core.complete(plan, comp, start, end, r)
                     self._release_finished(r, plan)
@@ -171,16 +295,7 @@ class LiveLlmEngine:
                     core.fail_step(plan, end, error, r)
                     for seq, _ in plan.entries:
                         self.slots[r].release(seq.id)
-                stepped = True
-            if stepped:
-                continue
-            upcoming = core.next_arrival_s() if self.stopped_at_s is None else math.inf
-            if upcoming == math.inf and wake == math.inf:
-                return self.now_s()  # nothing left to run or to wait for
-            nxt = min(upcoming, wake, deadline)
-            pause = nxt - self.now_s()
-            if pause > 0:
-                self._stop.wait(min(pause, 0.05))
+                cond.notify_all()
 
     def _release_finished(self, replica: int, plan: StepPlan) -> None:
         for seq, _ in plan.entries:

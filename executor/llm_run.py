@@ -20,6 +20,7 @@ from typing import Any
 from calibration.step_profile import load_step_profile
 from executor.llm_live import LiveLlmEngine, decoder_for
 from executor.run import LiveError
+from sim.fleet import READY
 from sim.llm.metrics import summarize_llm
 from sim.llm.runner import (
     LlmResult,
@@ -27,6 +28,7 @@ from sim.llm.runner import (
     decoder_capacity,
     default_drain_s,
     horizon_s,
+    llm_fleet_tables,
     tables,
 )
 from sim.llm.runner import run as sim_run
@@ -58,6 +60,14 @@ def llm_model_spec(scenario: LlmScenario) -> dict[str, Any]:
                         "step profile (service.kind llm_profile) or add model: {params: "
                         "{shape: small}}")
     return spec
+
+
+def resident_engines(scenario: LlmScenario) -> int:
+    """Engines loaded before a run starts: ``replicas``, or ``initial_replicas`` when
+    autoscaled.
+    """
+    fleet = build_llm_core(scenario).fleet
+    return scenario.replicas if fleet is None else fleet.count(READY)
 
 
 def check_llm_bounds(prediction: LlmResult, horizon: float, max_wall_s: float,
@@ -169,16 +179,39 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     slots, max_len = decoder_capacity(scn, core)
-    if decoders is None and replay:
+    resident = resident_engines(scn)
+    loader = None
+    if replay:
         from executor.llm_live import ReplayDecoder
+        from executor.testing import precise_sleep
         from sim.llm.runner import build_step_model
 
-        decoders = [ReplayDecoder(build_step_model(scn), slots, max_len)
-                    for _ in range(scn.replicas)]
-    elif decoders is None:
-        decoders = build_decoders(spec, scn.replicas, slots, max_len)
+        model = build_step_model(scn)
+        if decoders is None:
+            decoders = [ReplayDecoder(model, slots, max_len) for _ in range(resident)]
+        cold_s = float(scn.autoscaling.cold_start_s or 0.0) if scn.autoscaling else 0.0
+
+        def loader(replica: int) -> Any:
+            precise_sleep(cold_s)  # the stand-in's cold start: the scenario's
+            return ReplayDecoder(model, slots, max_len)
+    else:
+        if decoders is None:
+            decoders = build_decoders(spec, resident, slots, max_len)
+
+        def loader(replica: int) -> Any:  # the real cold start: build, then warm up
+            return build_decoders(spec, 1, slots, max_len)[0]
     decoders = [decoder_hook(d) for d in decoders] if decoder_hook else list(decoders)
-    engine = LiveLlmEngine(core, decoders, drain_until_s=horizon + drain)
+    if core.fleet is not None:
+        ready = [r for r, state in enumerate(core.fleet.state) if state == READY]
+        if len(decoders) < len(ready):
+            raise LiveError(f"decoders: {len(decoders)} given for {len(ready)} resident "
+                            "engines (autoscaling.initial_replicas)")
+        by_slot: list[Any] = [None] * len(core.schedulers)
+        for r, decoder in zip(ready, decoders, strict=False):
+            by_slot[r] = decoder
+        decoders = by_slot
+    engine = LiveLlmEngine(core, decoders, drain_until_s=horizon + drain,
+                           loader=loader if core.fleet is not None else None)
     if on_engine is not None:
         on_engine(engine)
     previous = None
@@ -199,9 +232,11 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
                             warmup_s=scn.warmup_s, horizon_s=window_end, end_s=end_s,
                             num_blocks=core.limits.num_blocks, ttft_slo_ms=scn.slo.ttft_ms,
                             tpot_slo_ms=scn.slo.tpot_ms, driver="live",
-                            replicas=scn.replicas,
-                            price_per_replica_hour=scn.price_per_replica_hour)
-    described = decoders[0].describe() if hasattr(decoders[0], "describe") else {}
+                            replicas=scn.fleet_size,
+                            price_per_replica_hour=scn.price_per_replica_hour,
+                            fleet=llm_fleet_tables(core))
+    first = next((d for d in decoders if d is not None), None)
+    described = first.describe() if first is not None and hasattr(first, "describe") else {}
     meta = run_meta(scn, driver="live", device={  # type: ignore[arg-type]
         "kind": str(spec.get("device") or "cpu"), "torch_threads": torch.get_num_threads()},
         extra={"kind": "llm", "model": described, "runner": "replay" if replay else "decoder",
@@ -212,5 +247,9 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
                "drain_timed_out": engine.drain_timed_out,
                "step_errors": engine.step_errors[:20], "torch_version": torch.__version__,
                "steps": len(steps), "num_gpu_blocks": core.limits.num_blocks,
-               "planned_horizon_s": horizon if math.isfinite(horizon) else None})
-    return LlmResult(scn, summary, requests, steps, tokens, queue, meta)
+               "planned_horizon_s": horizon if math.isfinite(horizon) else None,
+               "cold_starts_measured_s": engine.cold_starts_s,
+               "fatal_error": engine.fatal_error})
+    fleet = llm_fleet_tables(core)
+    return LlmResult(scn, summary, requests, steps, tokens, queue, meta,
+                     *(fleet if fleet is not None else (None, None)))

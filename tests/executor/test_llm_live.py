@@ -235,3 +235,70 @@ def test_compare_sweep_runs_each_llm_load_live_and_writes_the_fidelity_curve(tmp
     bad = CliRunner().invoke(app, ["compare", str(path), "--sweep", "0.2,x", "--out",
                                    str(out)])
     assert bad.exit_code != 0 and "comma-separated numbers" in bad.output
+    # the Verify page reads the sweep: a load to pick, the LLM table, the error-vs-load curve
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    pages = Path(__file__).resolve().parents[2] / "dashboard" / "app_pages"
+    at = AppTest.from_file(str(pages / "verify.py"), default_timeout=120)
+    at.run()
+    at.text_input(key="verify-dir").set_value(str(out)).run()
+    assert not at.exception
+    assert at.selectbox(key="verify-load").options == ["rho-0.2", "rho-0.5"]
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"]
+              for c in at.get("plotly_chart")]
+    assert "sim vs live error against load" in titles
+
+
+def autoscaled(tmp_path, cold_s: float) -> dict[str, Any]:
+    import pandas as pd
+
+    t = np.concatenate([np.arange(0, 1, 0.25), 1 + np.arange(0, 1.5, 0.02),
+                        2.5 + np.arange(0, 2, 0.25)])
+    path = tmp_path / "burst.csv"
+    pd.DataFrame({"t": t}).to_csv(path, index=False)
+    cfg = scenario()
+    cfg["workload"] = {"kind": "trace", "path": str(path), "timestamp_column": "t",
+                       "prompt_tokens": {"dist": "uniform", "low": 5, "high": 60},
+                       "output_tokens": {"dist": "uniform", "low": 5, "high": 30}}
+    cfg["service"] = {"kind": "llm_linear", "base_ms": 4, "per_prefill_token_ms": 0.02,
+                      "per_decode_seq_ms": 0.3}
+    cfg["autoscaling"] = {"kind": "target", "min_replicas": 1, "max_replicas": 3,
+                          "target_ongoing_requests": 3, "upscale_delay_s": 0.1,
+                          "downscale_delay_s": 0.5, "look_back_period_s": 0.3,
+                          "control_period_s": 0.1, "cold_start_s": cold_s}
+    return cfg
+
+
+def test_live_llm_engines_scale_up_and_down_like_the_simulator(tmp_path) -> None:
+    import sim.llm
+
+    cfg = autoscaled(tmp_path, 0.3)
+    predicted = sim.llm.run(cfg)
+    measured = live_llm(cfg, replay=True)
+    s, p = measured.summary, predicted.summary
+    assert s["ok"] == len(measured.requests) == p["ok"]
+    ev, pev = measured.fleet_events, predicted.fleet_events
+    assert (ev["event"] == "launch").sum() >= 1 and (ev["event"] == "stop").sum() >= 1
+    first_live = ev.loc[ev["event"] == "launch", "time_s"].min()
+    first_sim = pev.loc[pev["event"] == "launch", "time_s"].min()
+    assert abs(first_live - first_sim) <= 0.1 + 1e-9
+    assert s["cold_start_s"]["p50"] == pytest.approx(0.3, abs=0.05)
+    for r, group in measured.steps.groupby("replica"):
+        ready = ev.loc[(ev["replica"] == r) & (ev["event"] == "ready"), "time_s"].min()
+        assert (group["start_s"] >= ready - 1e-9).all()
+    assert s["replica_seconds"] == pytest.approx(p["replica_seconds"], rel=0.2)
+
+
+def test_a_launched_engine_loads_a_real_decoder(tmp_path) -> None:
+    cfg = autoscaled(tmp_path, 0.0)  # cold_start_s is the simulator's; live measures it
+    cfg["autoscaling"]["target_ongoing_requests"] = 0.5  # the tiny decoder is fast
+    result = live_llm(cfg)
+    s = result.summary
+    assert s["ok"] == len(result.requests) and s["cold_starts"] >= 1
+    loads = result.meta["cold_starts_measured_s"]
+    assert loads and all(x["total_s"] > 0 for x in loads)
+    assert set(result.steps["replica"]) > {0}
+    out = result.write(tmp_path / "run")
+    assert (out / "replicas.parquet").exists()
