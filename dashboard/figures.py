@@ -211,15 +211,21 @@ def goodput_curves(frame: pd.DataFrame, config_col: str = "config") -> go.Figure
 
 
 def fidelity_curve(frame: pd.DataFrame) -> go.Figure:
-    """Relative error of key metrics against target utilisation (a ``fidelity.csv``)."""
+    """Relative error of key metrics against the target load (a ``fidelity.csv``; LLM
+    sweeps show TTFT and TPOT, their ρ being offered rate over capacity).
+    """
     fig = go.Figure()
-    for i, metric in enumerate(["throughput_rps", "latency_ms.p50", "latency_ms.p99",
-                                "mean_batch_size"]):
+    llm = bool((frame["metric"] == "ttft_ms.p50").any())
+    metrics = (["throughput_rps", "ttft_ms.p50", "ttft_ms.p99", "tpot_ms.p50", "tpot_ms.p99"]
+               if llm else ["throughput_rps", "latency_ms.p50", "latency_ms.p99",
+                            "mean_batch_size"])
+    for i, metric in enumerate(metrics):
         g = frame[frame["metric"] == metric].sort_values("target_rho")
         fig.add_trace(go.Scatter(x=g["target_rho"], y=100 * g["rel_error"], name=metric,
                                  mode="lines+markers", line={"color": PALETTE[i]}))
     fig.update_layout(template=TEMPLATE, title="sim vs live error against load",
-                      xaxis_title="utilisation ρ", yaxis_title="relative error (%)",
+                      xaxis_title="offered rate / capacity ρ" if llm else "utilisation ρ",
+                      yaxis_title="relative error (%)",
                       height=380)
     return fig
 

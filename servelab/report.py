@@ -42,6 +42,14 @@ def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
     if summary.get("cost_per_million_usd") is not None and math.isfinite(
             summary.get("cost_per_million_usd") or math.nan):
         rows.append(("cost per million requests (USD)", summary["cost_per_million_usd"]))
+    if "replicas" in summary:  # an autoscaled run
+        reps = summary["replicas"]
+        rows += [("replica-seconds", summary["replica_seconds"]),
+                 ("replicas mean / min / max",
+                  f"{_fmt(reps['mean'])} / {reps['min']} / {reps['max']}"),
+                 ("cold starts (median s)",
+                  f"{summary['cold_starts']} ({_fmt(summary['cold_start_s']['p50'])})"),
+                 ("requests that waited on a cold start", summary["cold_start_waits"])]
     for name, value in rows:
         table.add_row(name, _fmt(value, 3 if isinstance(value, float) and value < 10 else 1))
     censored = int(summary.get("censored") or 0)

@@ -101,6 +101,8 @@ if llm:
                       xaxis_type="log", yaxis_title="fraction of requests",
                       template="plotly", height=400)
     st.plotly_chart(fig)
+    if (top / "fidelity.csv").is_file():
+        st.plotly_chart(figures.fidelity_curve(pd.read_csv(top / "fidelity.csv")))
     st.stop()
 
 

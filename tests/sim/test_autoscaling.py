@@ -111,6 +111,9 @@ def test_after_scale_to_zero_an_arrival_waits_for_the_cold_start(tmp_path) -> No
     at_90 = series[series["time_s"] <= 90]["replicas"].iloc[-1]
     assert at_90 == 0
     assert result.summary["cold_start_waits"] == 1
+    # one episode with no replica ready: the arrival at 100 s waited the whole cold start
+    assert result.summary["empty_fleet_wait_s"] == {"episodes": 1, "mean": pytest.approx(3.0),
+                                                    "max": pytest.approx(3.0)}
 
 
 def test_replica_seconds_integrate_the_replica_count_series() -> None:
@@ -248,3 +251,29 @@ def test_bad_autoscaling_knobs_are_one_line_errors(autoscaling: dict[str, Any],
     assert text in message and "\n" not in message
     with pytest.raises(sim.ScenarioError.__mro__[1], match="leave replicas out"):
         sim.run(scenario(replicas=3, autoscaling={"kind": "target", "cold_start_s": 1}))
+
+
+def test_the_cli_simulates_an_autoscaled_scenario_and_writes_the_replica_series(
+        tmp_path) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+
+    cfg = scenario(service={"kind": "exponential", "mean_ms": 40},
+                   workload={"kind": "sinusoid", "rate_rps": 40, "amplitude": 1.0,
+                             "period_s": 60, "duration_s": 120},
+                   autoscaling={"kind": "concurrency", "max_replicas": 4,
+                                "target_concurrency": 1, "stable_window_s": 10,
+                                "panic_window_s": 2, "scale_to_zero_grace_s": 5,
+                                "cold_start_s": 2})
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["simulate", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "replica-seconds" in result.output and "cold starts" in result.output
+    series = pd.read_parquet(out / "replicas.parquet")
+    events = pd.read_parquet(out / "fleet_events.parquet")
+    assert series["replicas"].max() > series["replicas"].min() == 0  # scaled to zero
+    assert {"launch", "ready", "retire", "stop"} <= set(events["event"])
