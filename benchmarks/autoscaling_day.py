@@ -2,7 +2,8 @@
 replicas, Ray Serve's target policy and Knative's concurrency policy with scale to zero
 (the course lesson's comparison, :mod:`sim.experiments.day`), with several seeds.
 
-Usage: python benchmarks/autoscaling_day.py [--seeds 3] [--cold-start-s 10] [--day-s 1200] [--mean-rps 60]
+Usage: python benchmarks/autoscaling_day.py [--seeds 3] [--cold-start-s 10] [--day-s 1200]
+       [--mean-rps 60]
 Writes benchmarks/results/autoscaling_day.md and .json (config, versions and machine inside).
 """
 
