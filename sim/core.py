@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from sim.admission import Admission
 from sim.dispatch import Batch, Dispatcher, PolicyError
-from sim.fleet import DRAINING, OFF, READY, STARTING, Fleet
+from sim.fleet import DRAINING, READY, STARTING, Fleet
 from sim.invariants import InvariantError, check_invariants
 from sim.queues import RequestQueue, make_queue
 from sim.records import BatchTable, QueueSeries, RequestTable
@@ -239,20 +239,12 @@ class ServingCore:
             self._stop.append(replica)
 
     def route_candidates(self) -> list[int]:
-        """The replicas an arrival may be routed to: the ready ones; if none, those
-        starting (the request waits for a cold start); if none, the slot the next launch
-        takes (an off slot already holding requests, else the lowest off slot).
-        """
+        """The replicas an arrival may be routed to (:meth:`sim.fleet.Fleet.candidates`)."""
         fleet = self.fleet
         assert fleet is not None
-        for state in (READY, STARTING):
-            slots = fleet.slots(state)
-            if slots:
-                return slots
-        off = fleet.slots(OFF)
-        if len(self.queues) > 1:
-            off.sort(key=lambda r: (-self.queues[r].length, r))
-        return off[:1] or [0]
+        per_slot = [q.length for q in self.queues] if len(self.queues) > 1 else \
+            [0] * self.n_replicas
+        return fleet.candidates(per_slot)
 
     def _consult(self, replica: int, now_s: float, started: list[Batch]) -> None:
         dispatcher = self.dispatcher

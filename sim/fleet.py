@@ -89,6 +89,18 @@ class Fleet:
         """What the autoscaler sees now."""
         return FleetView(now_s, self.count(READY), self.count(STARTING), queued, running)
 
+    def candidates(self, held_per_slot: list[int]) -> list[int]:
+        """Where an arrival may go: the ready slots; if none, the starting ones (it waits
+        for a cold start); if none, the slot the next launch takes (the off slot holding the
+        most requests, then the lowest; :meth:`plan` launches in the same order).
+        """
+        for state in (READY, STARTING):
+            slots = self.slots(state)
+            if slots:
+                return slots
+        off = sorted(self.slots(OFF), key=lambda r: (-held_per_slot[r], r))
+        return off[:1] or [0]
+
     # -- changes ----------------------------------------------------------------------------
     def plan(self, view: FleetView, queued_per_slot: list[int]) -> tuple[list[int], list[int]]:
         """Ask the autoscaler; return (slots to launch, slots to retire).

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.fleet import DRAINING, OFF, READY, STARTING, Fleet
+from sim.fleet import DRAINING, READY, STARTING, Fleet
 from sim.llm.kv import Seq
 from sim.llm.schedulers import LlmScheduler, StepPlan
 from sim.llm.step_model import Composition, composition
@@ -129,17 +129,9 @@ class LlmCore:
 
     # -- autoscaling -------------------------------------------------------------------------
     def _candidates(self) -> list[int]:
-        """Where an arrival may go: the ready engines; if none, the starting ones; if none,
-        the slot the next launch takes (one already holding requests, else the lowest).
-        """
-        fleet = self.fleet
-        assert fleet is not None
-        for state in (READY, STARTING):
-            slots = fleet.slots(state)
-            if slots:
-                return slots
-        off = sorted(fleet.slots(OFF), key=lambda r: (-self._outstanding[r], r))
-        return off[:1] or [0]
+        """Where an arrival may go (:meth:`sim.fleet.Fleet.candidates`)."""
+        assert self.fleet is not None
+        return self.fleet.candidates(self._outstanding)
 
     def steps_on(self, replica: int) -> bool:
         """Whether a replica runs steps: always without a fleet; ready or draining with."""
