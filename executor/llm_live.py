@@ -185,13 +185,7 @@ class LiveLlmEngine:
             core.ready(replica, t1)
             self.cold_starts_s.append({"replica": replica, "total_s": t1 - t0})
         if self.stopped_at_s is None:
-            while fleet.next_tick_s <= now and core.ticking():
-                core.admit_until(fleet.next_tick_s)
-                core.control(fleet.next_tick_s)
-                fleet.next_tick_s += fleet.control_period_s
-            core.admit_until(now)
-            if fleet.empty() and sum(core._outstanding) > 0:
-                core.control(now)
+            core.autoscale_until(now)
         for replica in core.launched:
             self._launch(replica)
         core.launched.clear()

@@ -21,7 +21,7 @@ from sim.autoscaling import Autoscaler, Concurrency, Schedule, TargetOngoing
 from sim.fleet import ColdStart, Fleet
 from sim.policies import POLICIES
 from sim.routing import Router, make_router
-from sim.scenario import Scenario
+from sim.scenario import Scenario, ScheduleAutoscalingCfg
 from sim.service import (
     ConstantService,
     GammaService,
@@ -196,25 +196,18 @@ def build_router(scenario: Scenario, rng: np.random.Generator) -> Router | None:
 
 
 
-def build_autoscaler(scenario: Scenario) -> Autoscaler | None:
-    """The scenario's autoscaling policy (None without ``autoscaling:``)."""
+def build_fleet(scenario: Scenario | Any) -> Fleet | None:
+    """The autoscaled fleet of a request-level or LLM scenario, with its autoscaling policy
+    (None without ``autoscaling:``).
+    """
     cfg = scenario.autoscaling
     if cfg is None:
         return None
     knobs = _knobs(cfg, "control_period_s", "cold_start_s")
-    if cfg.kind == "schedule":
+    if isinstance(cfg, ScheduleAutoscalingCfg):
         knobs["steps"] = [(float(t), int(n)) for t, n in cfg.steps]
     builder: Callable[..., Autoscaler] = AUTOSCALERS[cfg.kind]
-    return builder(**knobs)
-
-
-def build_fleet(scenario: Scenario) -> Fleet | None:
-    """The autoscaled fleet (None without ``autoscaling:``)."""
-    autoscaler = build_autoscaler(scenario)
-    if autoscaler is None:
-        return None
-    assert scenario.autoscaling is not None
-    return Fleet(scenario.fleet_size, autoscaler, scenario.autoscaling.control_period_s)
+    return Fleet(scenario.fleet_size, builder(**knobs), cfg.control_period_s)
 
 
 def build_cold_start(scenario: Scenario, rng: np.random.Generator) -> ColdStart:

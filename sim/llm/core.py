@@ -160,6 +160,21 @@ class LlmCore:
             fleet.retire(r, now_s)
             self.stop_if_drained(r, now_s)
 
+    def autoscale_until(self, now_s: float) -> None:
+        """Run the control periods that fell due (each after the arrivals before it), then
+        admit up to ``now_s`` and consult the autoscaler when the fleet is empty with
+        requests waiting (the activator's poke). Both drivers call it.
+        """
+        fleet = self.fleet
+        assert fleet is not None
+        while fleet.next_tick_s <= now_s and self.ticking():
+            self.admit_until(fleet.next_tick_s)
+            self.control(fleet.next_tick_s)
+            fleet.next_tick_s += fleet.control_period_s
+        self.admit_until(now_s)
+        if fleet.empty() and sum(self._outstanding) > 0:
+            self.control(now_s)
+
     def ready(self, replica: int, now_s: float) -> None:
         """A launched engine has loaded its model."""
         assert self.fleet is not None

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from calibration.step_profile import load_step_profile
-from sim.build import AUTOSCALERS, WORKLOADS, Streams, _knobs
-from sim.fleet import ColdStart, Fleet
+from sim.build import WORKLOADS, Streams, _knobs, build_fleet
+from sim.fleet import ColdStart
 from sim.llm.core import LlmCore, StepInvariantError
 from sim.llm.metrics import summarize_llm
 from sim.llm.scenario import LlmScenario, load_llm_scenario
@@ -132,12 +132,7 @@ def build_llm_core(scenario: LlmScenario) -> LlmCore:
     with live).
     """
     schedule, prompt, output = llm_schedule(scenario)
-    autoscaler = None
-    if scenario.autoscaling is not None:
-        autoscaler = AUTOSCALERS[scenario.autoscaling.kind](
-            **_knobs(scenario.autoscaling, "control_period_s", "cold_start_s"))
-    fleet = None if autoscaler is None else Fleet(
-        scenario.fleet_size, autoscaler, scenario.autoscaling.control_period_s)  # type: ignore[union-attr]
+    fleet = build_fleet(scenario)
     return LlmCore(schedule.arrival_s, prompt, output,
                    [build_scheduler(scenario) for _ in range(scenario.fleet_size)],
                    routing=scenario.routing, priority=schedule.priority, fleet=fleet)
@@ -180,14 +175,9 @@ def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf,
                     core.admit_until(at_s)
                     core.ready(r, at_s)
                     del ready_at[r]
-            while fleet.next_tick_s <= now and core.ticking():
-                core.admit_until(fleet.next_tick_s)
-                core.control(fleet.next_tick_s)
-                fleet.next_tick_s += fleet.control_period_s
+            core.autoscale_until(now)
         core.admit_until(now)
         if fleet is not None:
-            if fleet.empty() and sum(core._outstanding) > 0:
-                core.control(now)
             assert cold_start is not None, "an autoscaled core needs a cold-start model"
             for r in core.launched:
                 ready_at[r] = now + cold_start.sample_s()
