@@ -67,6 +67,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                     workload={"kind": "poisson", "rate_rps": 300, "n_requests": 4000}),
     "closed-loop": _case({"kind": "greedy", "max_batch_size": 8}, workload={
         "kind": "closed", "clients": 12, "think_ms": 20, "n_requests": 4000}),
+    "fifo-bound-timeout": _case({"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 3},
+                                queue={"max_len": 25, "timeout_ms": 40},
+                                workload={"kind": "gamma", "rate_rps": 1100, "cv": 2,
+                                          "n_requests": 4000}),
+    "slo-fifo-drops": _case({"kind": "slo", "max_batch_size": 8}, slo_ms=25,
+                            service={"kind": "linear", "base_ms": 3, "per_item_ms": 1,
+                                     "cv": 0.3},
+                            workload={"kind": "poisson", "rate_rps": 900, "n_requests": 4000}),
     "autoscaling-target": _case(
         {"kind": "dynamic", "max_batch_size": 4, "max_wait_ms": 2}, routing="jsq",
         workload={"kind": "sinusoid", "rate_rps": 300, "amplitude": 0.9, "period_s": 10,
