@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from sim.queues import RequestQueue
-from sim.records import QueueSeries, RequestTable
+from sim.records import QueueSeries, RequestTable, view
 from sim.routing import ReplicaLoad, Router
 from sim.sources import ScheduleSource, Source, end_request
 from sim.types import QUEUED, REJECTED, TIMED_OUT
@@ -63,8 +63,9 @@ class Admission:
         self._bulk = (router is None and max_len is None and timeout_s is None
                       and isinstance(source, ScheduleSource))
         if self._bulk:
-            sizes = np.frombuffer(table.size, dtype=np.int64)
+            sizes = view(table.size, table.n).astype(np.int64)
             self._cum_items = np.concatenate(([0], np.cumsum(sizes)))
+            self.admit_until = self._admit_bulk  # type: ignore[method-assign]
 
     def admit_until(self, now_s: float) -> frozenset[int] | set[int]:
         """Apply every arrival and expiry up to ``now_s`` in time order.
@@ -72,8 +73,6 @@ class Admission:
         Returns:
             The queues that received requests.
         """
-        if self._bulk:
-            return self._admit_bulk(now_s)
         touched: set[int] = set()
         source, timeout_s = self.source, self.timeout_s
         while True:

@@ -35,6 +35,14 @@ from sim.routing import ReplicaLoad, Router
 from sim.sources import ClientSource, ScheduleSource, Source
 from sim.types import Policy
 
+_NONE: frozenset[int] = frozenset()
+_new_step = tuple.__new__  # a Step without the NamedTuple's Python-level __new__
+
+
+def _FINISH_S(done: tuple[object, ...]) -> float:  # noqa: N802 - a sort key
+    return done[1]  # type: ignore[return-value]
+
+
 __all__ = ["Batch", "ClientSource", "Finished", "InvariantError", "PolicyError",
            "ScheduleSource", "ServingCore", "Step"]
 
@@ -109,6 +117,7 @@ class ServingCore:
                                    self.dispatcher.loads, max_len=max_len, timeout_s=timeout_s,
                                    candidates=self.route_candidates if fleet else None)
         self.wake_at_s = [math.inf] * n  # a policy's requested wake-up (only while free)
+        self._min_wake_s = math.inf  # the earliest of them
         for q in range(n_queues):
             self.queue_series.record(0.0, q, 0)
         self._launch: list[int] = []
@@ -136,57 +145,69 @@ class ServingCore:
         Returns:
             The batches to start now, when to call again, and replicas to launch or stop.
         """
-        admission, dispatcher, fleet = self.admission, self.dispatcher, self.fleet
+        admit, dispatcher, fleet = self.admission.admit_until, self.dispatcher, self.fleet
         freed: list[int] = []
-        early: set[int] = set()  # queues that received arrivals before an earlier event
+        early: set[int] | frozenset[int] = _NONE  # queues fed before an earlier event
+        admitted_s = -math.inf  # arrivals are applied up to here
         if finished:
-            for done in sorted(finished, key=lambda f: f.finish_s):
-                early |= admission.admit_until(done.finish_s)
-                dispatcher.finish(done.batch, done.finish_s, done.service_s, done.error)
-                freed.append(done.batch.replica)
+            for done in finished if len(finished) == 1 else sorted(finished,
+                                                                  key=_FINISH_S):
+                batch, finish_s = done[0], done[1]
+                got = admit(finish_s)
+                admitted_s = finish_s
+                if got:
+                    early = early | got
+                dispatcher.finish(batch, finish_s, done[2], done[3])
+                freed.append(batch.replica)
                 if fleet is not None:
-                    self._stop_if_drained(done.batch.replica, done.finish_s)
+                    self._stop_if_drained(batch.replica, finish_s)
         if fleet is not None:
+            admitted_s = -math.inf
             for replica, ready_s in sorted(ready, key=lambda x: x[1]):
-                early |= admission.admit_until(ready_s)
+                early = early | admit(ready_s)
                 fleet.ready(replica, ready_s)
                 dispatcher.set_active(replica, True, ready_s)
                 freed.append(replica)
             if dispatch:
                 while fleet.next_tick_s <= now_s and self._ticking():
                     tick_s = fleet.next_tick_s
-                    early |= admission.admit_until(tick_s)
+                    early = early | admit(tick_s)
                     self._control(tick_s)
                     fleet.next_tick_s = tick_s + fleet.control_period_s
-        touched = admission.admit_until(now_s)
+        touched = admit(now_s) if now_s != admitted_s else _NONE
         if early:
             touched = early | touched
         if fleet is not None and dispatch and fleet.empty() and self.queued() > 0:
             self._control(now_s)  # an arrival to an empty fleet (the activator's poke)
         started: list[Batch] = []
         if dispatch:
-            consulted: set[int] = set()
-            for replica in freed:
-                if replica not in consulted:
-                    consulted.add(replica)
-                    self._consult(replica, now_s, started)
-            wake_at = self.wake_at_s
-            if min(wake_at) <= now_s:
-                for replica, due_s in enumerate(wake_at):
-                    if due_s <= now_s and replica not in consulted:
+            running, max_running = dispatcher.running, dispatcher.max_running
+            consult = self._consult
+            if len(freed) == 1 and not touched and self._min_wake_s > now_s:
+                consult(freed[0], now_s, started)  # the common case: one finish, nothing new
+            else:
+                consulted: set[int] = set()
+                for replica in freed:
+                    if replica not in consulted:
                         consulted.add(replica)
-                        self._consult(replica, now_s, started)
-            for q in sorted(touched) if len(touched) > 1 else touched:
-                for replica in self.replicas_of[q]:
-                    if replica not in consulted and dispatcher.free(replica):
-                        consulted.add(replica)
-                        self._consult(replica, now_s, started)
+                        consult(replica, now_s, started)
+                if self._min_wake_s <= now_s:
+                    for replica, due_s in enumerate(self.wake_at_s):
+                        if due_s <= now_s and replica not in consulted:
+                            consulted.add(replica)
+                            consult(replica, now_s, started)
+                for q in sorted(touched) if len(touched) > 1 else touched:
+                    for replica in self.replicas_of[q]:
+                        if replica not in consulted and running[replica] < max_running[replica]:
+                            consulted.add(replica)
+                            consult(replica, now_s, started)
+        wake_s = self.next_wake_s()
         if fleet is None:
-            return Step(started, self.next_wake_s())
+            return _new_step(Step, (started, wake_s, (), ()))
         launch, stop = tuple(self._launch), tuple(self._stop)
         self._launch.clear()
         self._stop.clear()
-        return Step(started, self.next_wake_s(), launch, stop)
+        return Step(started, wake_s, launch, stop)
 
     # -- autoscaling -------------------------------------------------------------------------
     def _ticking(self) -> bool:
@@ -218,7 +239,7 @@ class ServingCore:
         assert fleet is not None
         fleet.retire(replica, now_s)
         self.dispatcher.set_active(replica, False, now_s)
-        self.wake_at_s[replica] = math.inf
+        self._set_wake(replica, math.inf)
         if len(self.queues) > 1 and self.queues[replica].length:
             old = self.queues[replica]
             moved = old.take_all()
@@ -248,23 +269,40 @@ class ServingCore:
 
     def _consult(self, replica: int, now_s: float, started: list[Batch]) -> None:
         dispatcher = self.dispatcher
-        if self.fleet is not None and self.fleet.state[replica] != READY and \
-                dispatcher.free(replica):
+        running, max_running = dispatcher.running, dispatcher.max_running
+        if running[replica] >= max_running[replica]:
+            return
+        if self.fleet is not None and self.fleet.state[replica] != READY:
             raise InvariantError(f"replica {replica} is {self.fleet.state[replica]} but "
                                  "could take a batch")
-        while dispatcher.free(replica):
-            batch, wake_s = dispatcher.decide(replica, now_s)
+        wake_at = self.wake_at_s
+        decide = dispatcher.decide
+        while running[replica] < max_running[replica]:
+            batch, wake_s = decide(replica, now_s)
             if batch is None:
-                self.wake_at_s[replica] = math.inf if wake_s is None else wake_s
+                self._set_wake(replica, math.inf if wake_s is None else wake_s)
                 return
-            self.wake_at_s[replica] = math.inf
+            if wake_at[replica] != math.inf:
+                self._set_wake(replica, math.inf)
             started.append(batch)
+
+    def _set_wake(self, replica: int, wake_s: float) -> None:
+        """Record a policy's wake-up (inf: none), keeping the earliest of all."""
+        wake_at = self.wake_at_s
+        old_s = wake_at[replica]
+        if old_s == wake_s:
+            return
+        wake_at[replica] = wake_s
+        if wake_s < self._min_wake_s:
+            self._min_wake_s = wake_s
+        elif old_s == self._min_wake_s:
+            self._min_wake_s = min(wake_at)
 
     def next_wake_s(self) -> float:
         """When the core next needs a call without a finish: the next arrival while some
         replica is free, or the earliest policy wake-up.
         """
-        wake_s = min(self.wake_at_s)
+        wake_s = self._min_wake_s
         fleet = self.fleet
         if self.dispatcher.free_replicas > 0 or (fleet is not None and fleet.empty()):
             arrival_s = self.source.peek_s()
@@ -276,7 +314,7 @@ class ServingCore:
 
     def next_policy_wake_s(self) -> float:
         """The earliest wake-up a policy asked for (inf: none)."""
-        return min(self.wake_at_s)
+        return self._min_wake_s
 
     # -- what drivers and reports read -------------------------------------------------------
     @property

@@ -8,11 +8,12 @@ records its end. It has no clock: times come from the caller.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sim.queues import RequestQueue
-from sim.records import BatchTable, QueueSeries, RequestTable
+from sim.records import BATCH_ID, REPLICA, BatchTable, QueueSeries, RequestTable
 from sim.routing import ReplicaLoad
 from sim.sources import ClientSource, Source, end_request
 from sim.types import DROPPED, FAILED, OK, QUEUED, RUNNING, Policy, ReplicaView
@@ -35,6 +36,8 @@ class Batch:
         expected_s: The latency model's estimate of its service time (routers by work).
         idle_s: How long the replica had been idle before this batch (0 when it was busy):
             a profile with cold samples draws from them after a long enough idle.
+        run: Its ids are consecutive (``request_ids[0] + i``): their records are read and
+            written as slices.
     """
 
     id: int
@@ -44,6 +47,14 @@ class Batch:
     start_s: float
     expected_s: float
     idle_s: float = 0.0
+    run: bool = False
+
+
+def is_run(ids: tuple[int, ...]) -> bool:
+    """Whether ``ids`` are consecutive integers in increasing order."""
+    first, n = ids[0], len(ids)
+    return n == 1 or (ids[-1] - first == n - 1 and (n == 2 or ids == tuple(range(first,
+                                                                                first + n))))
 
 
 class Dispatcher:
@@ -174,22 +185,22 @@ class Dispatcher:
             raise PolicyError(f"{policy!r} dispatched {n} requests, above its "
                               f"max_batch_size {policy.max_batch_size}")
         table = self.table
-        status, size, start, batch_id, where = (table.status, table.size, table.start_s,
-                                                table.batch_id, table.replica)
-        routed = queue.routed
         bid = len(self.batches.start_s)
-        items = 0
-        n_rows = table.n
-        for rid in ids:
-            if not 0 <= rid < n_rows or status[rid] != QUEUED or (
-                    routed and where[rid] != queue.index):
-                self._check_queued(policy, queue, rid)
-                raise PolicyError(f"{policy!r} dispatched request {rid} twice in {ids}")
-            status[rid] = RUNNING
-            items += size[rid]
-            start[rid] = now_s
-            batch_id[rid] = bid
-            where[rid] = replica
+        run = False
+        if queue.take_head(ids):  # the queue's first n ids, all waiting: no check per id
+            run = n > 1 and is_run(ids)
+            if run:
+                first = ids[0]
+                end = first + n
+                items = sum(table.size[first:end])
+                table.status[first:end] = array("b", (RUNNING,)) * n
+                table.start_s[first:end] = array("d", (now_s,)) * n
+                table.batch_id[first:end] = array(BATCH_ID, (bid,)) * n
+                table.replica[first:end] = array(REPLICA, (replica,)) * n
+            else:
+                items = self._mark_running(ids, replica, bid, now_s)
+        else:
+            items = self._mark_running_checked(policy, queue, ids, replica, bid, now_s)
         self.batches.open(replica, now_s, n, items)
         queue.length -= n
         queue.items -= items
@@ -200,9 +211,41 @@ class Dispatcher:
             self.free_replicas -= 1
         batch = Batch(bid, replica, ids, items, now_s,
                       self.estimate_s(items) if self.needs_work else 0.0,
-                      now_s - self.idle_since_s[replica] if was == 0 else 0.0)
+                      now_s - self.idle_since_s[replica] if was == 0 else 0.0, run)
         self.running_batches[replica][bid] = batch
         return batch
+
+    def _mark_running(self, ids: tuple[int, ...], replica: int, bid: int,
+                      now_s: float) -> int:
+        """Mark requests known to be waiting as running in batch ``bid``; return the items."""
+        table = self.table
+        status, size, start, batch_id, where = (table.status, table.size, table.start_s,
+                                                table.batch_id, table.replica)
+        items = 0
+        for rid in ids:
+            status[rid] = RUNNING
+            items += size[rid]
+            start[rid] = now_s
+            batch_id[rid] = bid
+            where[rid] = replica
+        return items
+
+    def _mark_running_checked(self, policy: Policy, queue: RequestQueue,
+                              ids: tuple[int, ...], replica: int, bid: int,
+                              now_s: float) -> int:
+        """:meth:`_mark_running`, checking first that each id waits in ``queue`` once."""
+        table = self.table
+        status, where, n_rows = table.status, table.replica, table.n
+        routed = queue.routed
+        seen: set[int] = set()
+        for rid in ids:
+            if not 0 <= rid < n_rows or status[rid] != QUEUED or (
+                    routed and where[rid] != queue.index):
+                self._check_queued(policy, queue, rid)
+            if rid in seen:
+                raise PolicyError(f"{policy!r} dispatched request {rid} twice in {ids}")
+            seen.add(rid)
+        return self._mark_running(ids, replica, bid, now_s)
 
     # -- completion --------------------------------------------------------------------------
     def finish(self, batch: Batch, now_s: float, service_s: float,
@@ -214,12 +257,21 @@ class Dispatcher:
         table = self.table
         status, finish = table.status, table.finish_s
         outcome = OK if error is None else FAILED
-        ended = []
-        for rid in batch.request_ids:
-            if status[rid] == RUNNING:
-                status[rid] = outcome
-                finish[rid] = now_s
-                ended.append(rid)
+        ids = batch.request_ids
+        n = len(ids)
+        ended: Sequence[int]
+        if batch.run and status[ids[0]:ids[0] + n] == array("b", (RUNNING,)) * n:
+            first = ids[0]
+            status[first:first + n] = array("b", (outcome,)) * n
+            finish[first:first + n] = array("d", (now_s,)) * n
+            ended = ids
+        else:
+            ended = []
+            for rid in ids:
+                if status[rid] == RUNNING:
+                    status[rid] = outcome
+                    finish[rid] = now_s
+                    ended.append(rid)
         if error is not None:
             for rid in ended:
                 table.reasons[rid] = error
@@ -228,13 +280,15 @@ class Dispatcher:
                 self.source.on_done(rid, now_s)
         self.batches.close(batch.id, now_s, error is not None)
         replica = batch.replica
-        was_free = self.free(replica)
-        self.running[replica] -= 1
-        self.free_replicas += int(self.free(replica)) - int(was_free)
-        if self.running[replica] == 0:
+        running, limit = self.running, self.max_running[replica]
+        left = running[replica] - 1
+        running[replica] = left
+        if left + 1 == limit:  # it was full, it is free now
+            self.free_replicas += 1
+        if left == 0:
             self.idle_since_s[replica] = now_s
         del self.running_batches[replica][batch.id]
-        self.policies[replica].on_batch_done(now_s, len(batch.request_ids), service_s)
+        self.policies[replica].on_batch_done(now_s, n, service_s)
 
     def fail_running(self, batch: Batch, time_s: float, reason: str) -> None:
         """Fail a running batch's requests now (e.g. a batch timeout); the replica stays busy

@@ -15,13 +15,14 @@ Everything else — admission, routing, which policy to ask and when — is the 
 from __future__ import annotations
 
 import math
-from typing import cast
 
 import simpy
 
-from sim.core import Batch, Finished, ServingCore, Step
+from sim.core import Finished, ServingCore, Step
 from sim.fleet import ColdStart
 from sim.service import ServiceModel
+
+_finished = tuple.__new__  # a Finished without the NamedTuple's Python-level __new__
 
 
 class SimPyDriver:
@@ -50,9 +51,9 @@ class SimPyDriver:
         return float(env.now) if env.peek() == math.inf else float(until_s)
 
     def _apply(self, step: Step) -> None:
-        env, service = self.env, self.service
+        env, sample_s = self.env, self.service.sample_s
         for batch in step.start:
-            service_s = service.sample_s(batch.items, batch.idle_s)
+            service_s = sample_s(batch.items, batch.idle_s)
             event = env.timeout(service_s, (batch, service_s))
             event.callbacks.append(self._on_done)
         for replica in step.launch:
@@ -70,17 +71,18 @@ class SimPyDriver:
     # Events carry their exact target time: ``now + (t - now)`` can round below ``t``, and a
     # policy must see ``now_s >= t`` when its wake-up (or an arrival) falls due.
     def _on_done(self, event: simpy.Event) -> None:
-        batch, service_s = cast(tuple[Batch, float], event.value)
+        batch, service_s = event.value  # type: ignore[misc]  # (Batch, float), as set
         now_s = self.env.now
-        self._apply(self.core.step(now_s, (Finished(batch, now_s, service_s),)))
+        self._apply(self.core.step(now_s, (_finished(Finished, (batch, now_s, service_s,
+                                                                 None)),)))
 
     def _on_ready(self, event: simpy.Event) -> None:
-        replica = cast(int, event.value)
+        replica: int = event.value  # type: ignore[assignment]
         now_s = self.env.now
         self._apply(self.core.step(now_s, ready=((replica, now_s),)))
 
     def _on_wake(self, event: simpy.Event) -> None:
-        token, wake_s = cast(tuple[int, float], event.value)
+        token, wake_s = event.value  # type: ignore[misc]  # (int, float), as set
         if token != self._wake_token:
             return
         self._wake_s = math.inf

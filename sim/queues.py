@@ -60,6 +60,12 @@ class RequestQueue:
     def _push(self, request_id: int) -> None:
         raise NotImplementedError
 
+    def take_head(self, request_ids: tuple[int, ...]) -> bool:
+        """Take a dispatched run off the head in one step where the discipline allows it
+        (:meth:`FifoQueue.take_head`); False: the caller checks each id.
+        """
+        return False
+
     def take_all(self) -> list[int]:
         """Remove every queued id and return them in service order (a replica that is
         removed hands its queue back; the requests stay QUEUED for their next queue).
@@ -96,47 +102,76 @@ class RequestQueue:
 
 
 class FifoQueue(RequestQueue):
-    """First come, first served."""
+    """First come, first served.
+
+    Ids are kept in a list read from a head index: a batch taken from the head moves the
+    index (:meth:`take_head`), ids that left from inside are skipped when the head reaches
+    them, and the list is compacted once more than half of it lies behind the head.
+    """
 
     def __init__(self, table: RequestTable, index: int) -> None:
         super().__init__(table, index)
-        self._ids: deque[int] = deque()
+        self._ids: list[int] = []
+        self._head = 0
 
     def _push(self, request_id: int) -> None:
         self._ids.append(request_id)
 
     def _clear(self) -> None:
-        self._ids.clear()
+        self._ids = []
+        self._head = 0
 
     def extend(self, request_ids: range, items: int) -> None:
-        """Enqueue a run of consecutive requests (one deque call)."""
+        """Enqueue a run of consecutive requests (one list call)."""
         self._ids.extend(request_ids)
         self.length += len(request_ids)
         self.items += items
 
+    def _skip(self) -> int:
+        """Move the head past ids that already left; compact; return the head index."""
+        ids, head, status = self._ids, self._head, self.table.status
+        end = len(ids)
+        while head < end and status[ids[head]] != QUEUED:
+            head += 1
+        if head > 1024 and 2 * head > end:
+            del ids[:head]
+            head = 0
+        self._head = head
+        return head
+
     def iter_ids(self) -> Iterator[int]:
         """Queued ids, oldest first."""
-        ids, status = self._ids, self.table.status
-        while ids and status[ids[0]] != QUEUED:
-            ids.popleft()
-        return (r for r in ids if status[r] == QUEUED)
+        head, status = self._skip(), self.table.status
+        return (r for r in self._ids[head:] if status[r] == QUEUED)
 
     def ids(self, k: int | None = None) -> list[int]:
-        """First ``k`` queued ids, oldest first (fast path when nothing was removed inside)."""
-        ids, status = self._ids, self.table.status
-        while ids and status[ids[0]] != QUEUED:
-            ids.popleft()
+        """First ``k`` queued ids, oldest first (one slice when nothing left from inside)."""
+        head = self._skip()
         limit = self.length if k is None else min(k, self.length)
-        if len(ids) == self.length:  # no lazily removed ids inside the deque
-            if limit == 1:
-                return [ids[0]]
-            return [ids[i] for i in range(limit)]
+        if len(self._ids) - head == self.length:  # no ids that left lie behind the head
+            return self._ids[head:head + limit]
         return super().ids(k)
+
+    def take_head(self, request_ids: tuple[int, ...]) -> bool:
+        """If ``request_ids`` are the first ids in the queue and nothing left from among
+        them, move the head past them and return True (their status must then be changed
+        by the caller); otherwise change nothing and return False.
+        """
+        head, ids, n = self._head, self._ids, len(request_ids)
+        if len(ids) - head != self.length or n > self.length:
+            return False
+        if n == 1:
+            if ids[head] != request_ids[0]:
+                return False
+        elif tuple(ids[head:head + n]) != request_ids:
+            return False
+        self._head = head + n
+        return True
 
     def oldest_arrival_s(self) -> float:
         """Arrival of the head (FIFO order is arrival order)."""
-        head = self.ids(1)
-        return self.table.arrival_s[head[0]] if head else math.inf
+        head = self._skip()
+        return self.table.arrival_s[self._ids[head]] if self.length else math.inf
 
 
 class PriorityQueue(RequestQueue):

@@ -9,20 +9,35 @@ from __future__ import annotations
 
 import math
 from array import array
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from sim.types import QUEUED, STATUS_NAMES
 
+# Column types: sizes and counts in 32 bits, replica and queue numbers in 16.
+SIZE = "i"
+BATCH_ID = "i"
+REPLICA = "h"
+CLIENT = "i"
+STATUS_CATEGORIES = ["in_flight", "ok", "rejected", "timed_out", "dropped", "failed"]
+_STATUS_CATEGORY = np.array([0, 1, 2, 3, 4, 5, 0], dtype=np.int8)  # code -> category
+
 
 def _column(code: str, values: np.ndarray | None, n: int, fill: float) -> array:  # type: ignore[type-arg]
     col: array = array(code)  # type: ignore[type-arg]
     if values is not None:
-        col.frombytes(np.ascontiguousarray(values, dtype=np.dtype(code)).tobytes())
+        col.frombytes(np.ascontiguousarray(values, dtype=np.dtype(code)).view(np.uint8))  # type: ignore[arg-type]
     else:
-        col.frombytes(np.full(n, fill, dtype=np.dtype(code)).tobytes())
+        col.frombytes(np.full(n, fill, dtype=np.dtype(code)).view(np.uint8))  # type: ignore[arg-type]
     return col
+
+
+def view(col: array, n: int) -> np.ndarray:  # type: ignore[type-arg]
+    """The first ``n`` values of a record column as a numpy array sharing its memory."""
+    return np.frombuffer(col, dtype=np.dtype(col.typecode), count=n) if n else \
+        np.empty(0, dtype=np.dtype(col.typecode))
 
 
 class RequestTable:
@@ -36,22 +51,22 @@ class RequestTable:
                  klass: list[str] | None = None) -> None:
         n = 0 if arrival_s is None else int(arrival_s.size)
         self.arrival_s = _column("d", arrival_s, n, 0.0)
-        self.size = _column("l", size, n, 1)
+        self.size = _column(SIZE, size, n, 1)
         self.priority = _column("b", priority, n, 0)
         self.deadline_s = _column("d", deadline_s, n, math.inf)
         self.start_s = _column("d", None, n, math.nan)
         self.finish_s = _column("d", None, n, math.nan)
-        self.batch_id = _column("q", None, n, -1)
-        self.replica = _column("h", None, n, -1)
+        self.batch_id = _column(BATCH_ID, None, n, -1)
+        self.replica = _column(REPLICA, None, n, -1)
         self.status = _column("b", None, n, QUEUED)
-        self.client = _column("l", None, n, -1)
+        self.client: array = array(CLIENT)  # type: ignore[type-arg] # closed loop only
         self.klass = klass
         self.reasons: dict[int, str] = {}
         self.n = n
 
     def append(self, arrival_s: float, size: int, priority: int, deadline_s: float,
                client: int) -> int:
-        """Add one request (closed loop) and return its id."""
+        """Add one request (closed loop: tables that start empty) and return its id."""
         self.arrival_s.append(arrival_s)
         self.size.append(size)
         self.priority.append(priority)
@@ -75,53 +90,50 @@ class RequestTable:
         return out
 
     def to_frame(self, upto: int | None = None) -> pd.DataFrame:
-        """The request table (see design: id, arrival_s, start_s, finish_s, ...)."""
+        """The request table (see design: id, arrival_s, start_s, finish_s, ...).
+
+        Numeric columns share memory with the records (no copy): call it once the run is
+        over, as the records cannot grow while a frame looks at them.
+        """
         n = self.n if upto is None else upto
-
-        def col(a: array, code: str) -> np.ndarray:  # type: ignore[type-arg]
-            return np.frombuffer(a, dtype=np.dtype(code))[:n].copy()
-
         # categorical columns: one byte per request instead of a Python string each
-        status_cat = np.array([0, 1, 2, 3, 4, 5, 0], dtype=np.int8)  # code -> category index
-        categories = ["in_flight", "ok", "rejected", "timed_out", "dropped", "failed"]
-        status = pd.Categorical.from_codes(status_cat[col(self.status, "b")],
-                                           pd.Index(categories))
+        status = pd.Categorical.from_codes(_STATUS_CATEGORY[view(self.status, n)],
+                                           pd.Index(STATUS_CATEGORIES))
         reason_names = sorted(set(self.reasons.values()))
         reason_codes = np.zeros(n, dtype=np.int16)
         lookup = {name: i + 1 for i, name in enumerate(reason_names)}
         for rid, text in self.reasons.items():
             if rid < n:
                 reason_codes[rid] = lookup[text]
-        frame = pd.DataFrame({
+        columns: dict[str, Any] = {
             "id": np.arange(n, dtype=np.int64),
-            "arrival_s": col(self.arrival_s, "d"),
-            "start_s": col(self.start_s, "d"),
-            "finish_s": col(self.finish_s, "d"),
-            "batch_id": col(self.batch_id, "q"),
-            "replica": col(self.replica, "h").astype(np.int32),
+            "arrival_s": view(self.arrival_s, n),
+            "start_s": view(self.start_s, n),
+            "finish_s": view(self.finish_s, n),
+            "batch_id": view(self.batch_id, n),
+            "replica": view(self.replica, n),
             "status": status,
             "reason": pd.Categorical.from_codes(reason_codes, pd.Index(["", *reason_names])),
-            "size": col(self.size, "l").astype(np.int64),
-            "priority": col(self.priority, "b").astype(np.int16),
-            "deadline_s": col(self.deadline_s, "d"),
-        })
+            "size": view(self.size, n),
+            "priority": view(self.priority, n),
+            "deadline_s": view(self.deadline_s, n),
+        }
         if self.klass is not None:
-            frame["klass"] = self.klass[:n]
-        clients = col(self.client, "l")
-        if n and clients.max() >= 0:
-            frame["client"] = clients.astype(np.int64)
-        return frame
+            columns["klass"] = self.klass[:n]
+        if len(self.client):
+            columns["client"] = view(self.client, n)
+        return pd.DataFrame(columns, copy=False)
 
 
 class BatchTable:
     """Per-batch columns: batch_id, replica, start_s, finish_s, size, items, failed."""
 
     def __init__(self) -> None:
-        self.replica = array("h")
+        self.replica = array(REPLICA)
         self.start_s = array("d")
         self.finish_s = array("d")
-        self.size = array("l")
-        self.items = array("l")
+        self.size = array(SIZE)
+        self.items = array(SIZE)
         self.failed = array("b")
 
     def open(self, replica: int, start_s: float, size: int, items: int) -> int:
@@ -140,17 +152,19 @@ class BatchTable:
         self.failed[batch_id] = 1 if failed else 0
 
     def to_frame(self) -> pd.DataFrame:
-        """The batch table."""
+        """The batch table (numeric columns share memory with the records, as
+        :meth:`RequestTable.to_frame`).
+        """
         n = len(self.start_s)
         return pd.DataFrame({
             "batch_id": np.arange(n, dtype=np.int64),
-            "replica": np.frombuffer(self.replica, dtype=np.int16).astype(np.int32),
-            "start_s": np.frombuffer(self.start_s, dtype=np.float64).copy(),
-            "finish_s": np.frombuffer(self.finish_s, dtype=np.float64).copy(),
-            "size": np.frombuffer(self.size, dtype=np.int64).copy(),
-            "items": np.frombuffer(self.items, dtype=np.int64).copy(),
-            "failed": np.frombuffer(self.failed, dtype=np.int8).astype(bool),
-        })
+            "replica": view(self.replica, n),
+            "start_s": view(self.start_s, n),
+            "finish_s": view(self.finish_s, n),
+            "size": view(self.size, n),
+            "items": view(self.items, n),
+            "failed": view(self.failed, n).view(np.bool_),
+        }, copy=False)
 
 
 class QueueSeries:
@@ -161,8 +175,8 @@ class QueueSeries:
 
     def __init__(self) -> None:
         self.time_s = array("d")
-        self.queue = array("h")
-        self.length = array("l")
+        self.queue = array(REPLICA)
+        self.length = array(SIZE)
 
     def record(self, time_s: float, queue: int, length: int) -> None:
         """Append one change."""
@@ -174,13 +188,14 @@ class QueueSeries:
         """Append consecutive arrivals: lengths ``first_length, first_length + 1, ...``."""
         n = len(times_s)
         self.time_s.extend(times_s)
-        self.queue.extend(array("h", [queue]) * n)
+        self.queue.extend(array(REPLICA, (queue,)) * n)
         self.length.extend(range(first_length, first_length + n))
 
     def to_frame(self) -> pd.DataFrame:
-        """The queue table."""
+        """The queue table (sharing memory with the records)."""
+        n = len(self.time_s)
         return pd.DataFrame({
-            "time_s": np.frombuffer(self.time_s, dtype=np.float64).copy(),
-            "queue": np.frombuffer(self.queue, dtype=np.int16).astype(np.int32),
-            "length": np.frombuffer(self.length, dtype=np.int64).copy(),
-        })
+            "time_s": view(self.time_s, n),
+            "queue": view(self.queue, n),
+            "length": view(self.length, n),
+        }, copy=False)
