@@ -15,10 +15,8 @@ import bisect
 from collections import deque
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from sim.queues import RequestQueue
-from sim.records import QueueSeries, RequestTable, view
+from sim.records import QueueSeries, RequestTable
 from sim.routing import ReplicaLoad, Router
 from sim.sources import ScheduleSource, Source, end_request
 from sim.types import QUEUED, REJECTED, TIMED_OUT
@@ -63,8 +61,6 @@ class Admission:
         self._bulk = (router is None and max_len is None and timeout_s is None
                       and isinstance(source, ScheduleSource))
         if self._bulk:
-            sizes = view(table.size, table.n).astype(np.int64)
-            self._cum_items = np.concatenate(([0], np.cumsum(sizes)))
             self.admit_until = self._admit_bulk  # type: ignore[method-assign]
 
     def admit_until(self, now_s: float) -> frozenset[int] | set[int]:
@@ -99,7 +95,7 @@ class Admission:
         last = bisect.bisect_right(arrival, now_s, first, source.n)
         source.next_id = last
         before = queue.length
-        queue.extend(range(first, last), int(self._cum_items[last] - self._cum_items[first]))
+        queue.extend(range(first, last), sum(self.table.size[first:last]))
         self.queue_series.record_run(arrival[first:last], 0, before + 1)
         return _SHARED
 

@@ -64,26 +64,43 @@ def capacity_rps(mean_s: Callable[[int], float], batch_sizes: Sequence[int], rep
 
 
 def time_weighted_total(queue: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """The total queue length over all queues as a step function: (times, values after)."""
-    frame = queue.sort_values("time_s", kind="stable")
-    delta = frame.groupby("queue")["length"].diff().fillna(frame["length"]).to_numpy()
-    total = np.cumsum(delta)
-    times = frame["time_s"].to_numpy()
-    last = np.concatenate((times[1:] != times[:-1], [True])) if times.size else times
-    return times[last], total[last]
+    """The total queue length over all queues as a step function: (times, values after),
+    times non-decreasing. Several changes may share a time; the last of them is the value
+    from then on (the others held for zero seconds). One queue's series is returned as it is
+    recorded, without a copy.
+    """
+    times = queue["time_s"].to_numpy()
+    if times.size and not bool(np.all(times[1:] >= times[:-1])):
+        queue = queue.sort_values("time_s", kind="stable")
+        times = queue["time_s"].to_numpy()
+    queues = queue["queue"].to_numpy()
+    if times.size and not bool(np.any(queues != queues[0])):
+        return times, queue["length"].to_numpy()  # one queue: its own length
+    delta = queue.groupby("queue")["length"].diff().fillna(queue["length"]).to_numpy()
+    return times, np.cumsum(delta)
 
 
 def _segment_means(times: np.ndarray, values: np.ndarray, lo_s: float, hi_s: float,
                    segments: int) -> np.ndarray:
-    """Time-weighted mean of a step function over ``segments`` equal parts of [lo, hi]."""
+    """Time-weighted mean of a step function over ``segments`` equal parts of [lo, hi]
+    (one part at a time, so the temporaries are a part's size).
+    """
     edges = np.linspace(lo_s, hi_s, segments + 1)
-    grid = np.unique(np.concatenate((edges, times[(times > lo_s) & (times < hi_s)])))
-    idx = np.searchsorted(times, grid[:-1], side="right") - 1
-    level = np.where(idx >= 0, values[np.clip(idx, 0, None)], 0.0) if values.size else \
-        np.zeros(grid.size - 1)
-    area = level * np.diff(grid)
-    seg = np.clip(np.searchsorted(edges, grid[:-1], side="right") - 1, 0, segments - 1)
-    sums = np.bincount(seg, weights=area, minlength=segments)
+    sums = np.zeros(segments)
+    for k in range(segments):
+        a, b = np.searchsorted(times, (edges[k], edges[k + 1]), side="right")
+        inner = times[a:b]
+        if inner.size and inner[-1] == edges[k + 1]:
+            inner = inner[:-1]
+        grid = np.empty(inner.size + 2)
+        grid[0], grid[-1] = edges[k], edges[k + 1]
+        grid[1:-1] = inner
+        idx = np.searchsorted(times, grid[:-1], side="right") - 1
+        level = np.where(idx >= 0, values[np.clip(idx, 0, None)], 0.0) if values.size else \
+            np.zeros(grid.size - 1)
+        area = level * np.diff(grid)
+        sums[k] = np.bincount(np.zeros(area.size, dtype=np.intp), weights=area,
+                              minlength=1)[0]
     return sums / np.diff(edges)
 
 
@@ -103,15 +120,17 @@ class Trend:
 
 
 def queue_trend(queue: pd.DataFrame, lo_s: float, hi_s: float,
-                segments: int = TREND_SEGMENTS) -> Trend:
+                segments: int = TREND_SEGMENTS,
+                steps: tuple[np.ndarray, np.ndarray] | None = None) -> Trend:
     """The queue's trend: OLS of its time-weighted means over ``segments`` parts of the window.
 
     Segment means rather than the raw steps: neighbouring queue lengths are strongly
-    correlated, so a regression on every step would call noise a trend.
+    correlated, so a regression on every step would call noise a trend. ``steps``: the
+    :func:`time_weighted_total` of ``queue`` when the caller has it already.
     """
     if queue.empty or hi_s <= lo_s:
         return Trend(math.nan, math.nan, math.nan)
-    times, values = time_weighted_total(queue)
+    times, values = time_weighted_total(queue) if steps is None else steps
     means = _segment_means(times, values, lo_s, hi_s, segments)
     mid = (np.arange(segments) + 0.5) * (hi_s - lo_s) / segments
     x = mid - mid.mean()
