@@ -100,7 +100,7 @@ class RequestTable:
         status = pd.Categorical.from_codes(_STATUS_CATEGORY[view(self.status, n)],
                                            pd.Index(STATUS_CATEGORIES))
         reason_names = sorted(set(self.reasons.values()))
-        reason_codes: np.ndarray = np.zeros(  # type: ignore[type-arg]
+        reason_codes: np.ndarray = np.zeros(
             n, dtype=np.int8 if len(reason_names) < 127 else np.int16)
         lookup = {name: i + 1 for i, name in enumerate(reason_names)}
         for rid, text in self.reasons.items():
