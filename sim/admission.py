@@ -95,7 +95,8 @@ class Admission:
         last = bisect.bisect_right(arrival, now_s, first, source.n)
         source.next_id = last
         before = queue.length
-        queue.extend(range(first, last), sum(self.table.size[first:last]))
+        queue.extend(range(first, last), last - first if self.table.unit_size
+                     else sum(self.table.size[first:last]))
         self.queue_series.record_run(arrival[first:last], 0, before + 1)
         return _SHARED
 

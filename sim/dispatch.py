@@ -12,7 +12,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sim.queues import RequestQueue
+from sim.queues import HEAD_RUN, NOT_HEAD, RequestQueue
 from sim.records import BATCH_ID, REPLICA, BatchTable, QueueSeries, RequestTable
 from sim.routing import ReplicaLoad
 from sim.sources import ClientSource, Source, end_request
@@ -50,11 +50,15 @@ class Batch:
     run: bool = False
 
 
-def is_run(ids: tuple[int, ...]) -> bool:
-    """Whether ``ids`` are consecutive integers in increasing order."""
-    first, n = ids[0], len(ids)
-    return n == 1 or (ids[-1] - first == n - 1 and (n == 2 or ids == tuple(range(first,
-                                                                                first + n))))
+_BLOCKS: dict[tuple[int, int], array] = {}  # type: ignore[type-arg]
+
+
+def _block(status: int, n: int) -> array:  # type: ignore[type-arg]
+    """``n`` copies of a status code, as a column slice to compare with or assign."""
+    block = _BLOCKS.get((status, n))
+    if block is None:
+        block = _BLOCKS[(status, n)] = array("b", (status,)) * n
+    return block
 
 
 class Dispatcher:
@@ -186,19 +190,18 @@ class Dispatcher:
                               f"max_batch_size {policy.max_batch_size}")
         table = self.table
         bid = len(self.batches.start_s)
-        run = False
-        if queue.take_head(ids):  # the queue's first n ids, all waiting: no check per id
-            run = n > 1 and is_run(ids)
-            if run:
-                first = ids[0]
-                end = first + n
-                items = sum(table.size[first:end])
-                table.status[first:end] = array("b", (RUNNING,)) * n
-                table.start_s[first:end] = array("d", (now_s,)) * n
-                table.batch_id[first:end] = array(BATCH_ID, (bid,)) * n
-                table.replica[first:end] = array(REPLICA, (replica,)) * n
-            else:
-                items = self._mark_running(ids, replica, bid, now_s)
+        head = queue.take_head(ids)  # the queue's first n ids, all waiting: no check per id
+        run = head == HEAD_RUN and n > 1
+        if run:
+            first = ids[0]
+            end = first + n
+            items = n if table.unit_size else sum(table.size[first:end])
+            table.status[first:end] = _block(RUNNING, n)
+            table.start_s[first:end] = array("d", (now_s,)) * n
+            table.batch_id[first:end] = array(BATCH_ID, (bid,)) * n
+            table.replica[first:end] = array(REPLICA, (replica,)) * n
+        elif head != NOT_HEAD:
+            items = self._mark_running(ids, replica, bid, now_s)
         else:
             items = self._mark_running_checked(policy, queue, ids, replica, bid, now_s)
         self.batches.open(replica, now_s, n, items)
@@ -260,9 +263,9 @@ class Dispatcher:
         ids = batch.request_ids
         n = len(ids)
         ended: Sequence[int]
-        if batch.run and status[ids[0]:ids[0] + n] == array("b", (RUNNING,)) * n:
+        if batch.run and status[ids[0]:ids[0] + n] == _block(RUNNING, n):
             first = ids[0]
-            status[first:first + n] = array("b", (outcome,)) * n
+            status[first:first + n] = _block(outcome, n)
             finish[first:first + n] = array("d", (now_s,)) * n
             ended = ids
         else:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from calibration.errors import UserError
 from sim.records import RequestTable
 from sim.types import QUEUED, Request
 
 DISCIPLINES = ("fifo", "priority", "edf")
+NOT_HEAD, HEAD, HEAD_RUN = 0, 1, 2  # what RequestQueue.take_head found
 
 
 class RequestQueue:
@@ -60,11 +62,11 @@ class RequestQueue:
     def _push(self, request_id: int) -> None:
         raise NotImplementedError
 
-    def take_head(self, request_ids: tuple[int, ...]) -> bool:
+    def take_head(self, request_ids: tuple[int, ...]) -> int:
         """Take a dispatched run off the head in one step where the discipline allows it
-        (:meth:`FifoQueue.take_head`); False: the caller checks each id.
+        (:meth:`FifoQueue.take_head`); :data:`NOT_HEAD`: the caller checks each id.
         """
-        return False
+        return NOT_HEAD
 
     def take_all(self) -> list[int]:
         """Remove every queued id and return them in service order (a replica that is
@@ -146,27 +148,40 @@ class FifoQueue(RequestQueue):
 
     def ids(self, k: int | None = None) -> list[int]:
         """First ``k`` queued ids, oldest first (one slice when nothing left from inside)."""
-        head = self._skip()
+        head, ids = self._head, self._ids
+        if head >= len(ids) or self.table.status[ids[head]] != QUEUED:
+            head = self._skip()
         limit = self.length if k is None else min(k, self.length)
         if len(self._ids) - head == self.length:  # no ids that left lie behind the head
             return self._ids[head:head + limit]
         return super().ids(k)
 
-    def take_head(self, request_ids: tuple[int, ...]) -> bool:
+    def take_head(self, request_ids: tuple[int, ...]) -> int:
         """If ``request_ids`` are the first ids in the queue and nothing left from among
-        them, move the head past them and return True (their status must then be changed
-        by the caller); otherwise change nothing and return False.
+        them, move the head past them (their status must then be changed by the caller) and
+        return :data:`HEAD_RUN` when they are consecutive ids, :data:`HEAD` otherwise;
+        else change nothing and return :data:`NOT_HEAD`.
         """
         head, ids, n = self._head, self._ids, len(request_ids)
-        if len(ids) - head != self.length or n > self.length:
-            return False
+        stored = len(ids) - head
+        if stored != self.length or n > stored or n == 0:
+            return NOT_HEAD
+        first = ids[head]
         if n == 1:
-            if ids[head] != request_ids[0]:
-                return False
-        elif tuple(ids[head:head + n]) != request_ids:
-            return False
+            if first != request_ids[0]:
+                return NOT_HEAD
+            self._head = head + 1
+            return HEAD_RUN
+        # a shared queue holds ids in increasing order: consecutive when first and last say so
+        if not self.routed and ids[-1] - first == stored - 1:
+            if request_ids != tuple(range(first, first + n)):
+                return NOT_HEAD
+            self._head = head + n
+            return HEAD_RUN
+        if tuple(ids[head:head + n]) != request_ids:
+            return NOT_HEAD
         self._head = head + n
-        return True
+        return HEAD
 
     def oldest_arrival_s(self) -> float:
         """Arrival of the head (FIFO order is arrival order)."""
@@ -250,13 +265,22 @@ def make_queue(discipline: str, table: RequestTable, index: int) -> RequestQueue
     return cls(table, index)
 
 
+class _Ids(Protocol):
+    def __call__(self, k: int | None = None) -> list[int]: ...
+
+
 class QueueViewImpl:
     """Read-only :class:`sim.types.QueueView` over one queue."""
 
-    __slots__ = ("_q",)
+    __slots__ = ("_q", "ids", "oldest_arrival_s")
 
     def __init__(self, queue: RequestQueue) -> None:
         self._q = queue
+        # the queue's own methods, bound (one call less on the simulator's hot path)
+        self.ids: _Ids = queue.ids
+        """First ``k`` ids in service order (all when None)."""
+        self.oldest_arrival_s: Callable[[], float] = queue.oldest_arrival_s
+        """Earliest arrival among the queued requests."""
 
     def __len__(self) -> int:
         return self._q.length
@@ -265,14 +289,6 @@ class QueueViewImpl:
     def items(self) -> int:
         """Total items queued."""
         return self._q.items
-
-    def ids(self, k: int | None = None) -> list[int]:
-        """First ``k`` ids in service order."""
-        return self._q.ids(k)
-
-    def oldest_arrival_s(self) -> float:
-        """Earliest arrival among the queued requests."""
-        return self._q.oldest_arrival_s()
 
     def contains(self, request_id: int) -> bool:
         """Whether the request is waiting in this queue."""

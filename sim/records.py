@@ -52,6 +52,7 @@ class RequestTable:
         n = 0 if arrival_s is None else int(arrival_s.size)
         self.arrival_s = _column("d", arrival_s, n, 0.0)
         self.size = _column(SIZE, size, n, 1)
+        self.unit_size = size is None or bool(np.all(size == 1))  # every request one item
         self.priority = _column("b", priority, n, 0)
         self.deadline_s = _column("d", deadline_s, n, math.inf)
         self.start_s = _column("d", None, n, math.nan)
@@ -69,6 +70,8 @@ class RequestTable:
         """Add one request (closed loop: tables that start empty) and return its id."""
         self.arrival_s.append(arrival_s)
         self.size.append(size)
+        if size != 1:
+            self.unit_size = False
         self.priority.append(priority)
         self.deadline_s.append(deadline_s)
         self.start_s.append(math.nan)

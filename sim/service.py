@@ -52,7 +52,10 @@ class _Stream:
         self._buf: list[float] = []
         self._i = 0
 
-    def next(self) -> float:
+    def next(self, items: int = 1, idle_s: float = 0.0) -> float:
+        """The next draw (``items`` and ``idle_s`` are ignored: with them it can stand in
+        for ``ServiceModel.sample_s`` of a model whose draws do not depend on the batch).
+        """
         if self._i >= len(self._buf):
             self._buf = self._draw(_BLOCK).tolist()
             self._i = 0
@@ -110,6 +113,8 @@ class GammaService:
         else:
             self._stream = _Stream(lambda n: gen.standard_gamma(shape, n) * scale)
         self._median_s = self._compute_median()
+        if not deterministic:
+            self.sample_s = self._stream.next  # type: ignore[method-assign]
 
     def _compute_median(self) -> float:
         if self.cv == 1.0:

@@ -29,9 +29,8 @@ class NoBatching:
 
     def decide(self, now_s: float, queue: QueueView, replica: ReplicaView) -> Decision:
         """Dispatch the head request, if any."""
-        if len(queue) == 0:
-            return WAIT
-        return Decision(dispatch=tuple(queue.ids(1)))
+        head = queue.ids(1)
+        return Decision(dispatch=tuple(head)) if head else WAIT
 
     def on_batch_done(self, now_s: float, batch_size: int, service_s: float) -> None:
         """No feedback needed."""
@@ -50,9 +49,8 @@ class Greedy:
 
     def decide(self, now_s: float, queue: QueueView, replica: ReplicaView) -> Decision:
         """Dispatch everything waiting, up to the maximum."""
-        if len(queue) == 0:
-            return WAIT
-        return Decision(dispatch=tuple(queue.ids(self.max_batch_size)))
+        ids = queue.ids(self.max_batch_size)
+        return Decision(dispatch=tuple(ids)) if ids else WAIT
 
     def on_batch_done(self, now_s: float, batch_size: int, service_s: float) -> None:
         """No feedback needed."""
