@@ -92,7 +92,10 @@ class Admission:
             queue.push(first)
             self.queue_series.record(arrival[first], 0, queue.length)
             return _SHARED
-        last = bisect.bisect_right(arrival, now_s, first, source.n)
+        near = min(source.n, first + 64)  # arrivals since the last event are near the head
+        last = bisect.bisect_right(arrival, now_s, first, near)
+        if last == near:
+            last = bisect.bisect_right(arrival, now_s, near, source.n)
         source.next_id = last
         before = queue.length
         queue.extend(range(first, last), last - first if self.table.unit_size

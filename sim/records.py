@@ -181,6 +181,7 @@ class QueueSeries:
         self.time_s = array("d")
         self.queue = array(REPLICA)
         self.length = array(SIZE)
+        self._blocks: dict[tuple[int, int], array] = {}  # type: ignore[type-arg]
 
     def record(self, time_s: float, queue: int, length: int) -> None:
         """Append one change."""
@@ -192,7 +193,12 @@ class QueueSeries:
         """Append consecutive arrivals: lengths ``first_length, first_length + 1, ...``."""
         n = len(times_s)
         self.time_s.extend(times_s)
-        self.queue.extend(array(REPLICA, (queue,)) * n)
+        block = self._blocks.get((queue, n))
+        if block is None:
+            block = array(REPLICA, (queue,)) * n
+            if n <= 64:  # the usual runs; long ones are rare and would bloat the cache
+                self._blocks[(queue, n)] = block
+        self.queue.extend(block)
         self.length.extend(range(first_length, first_length + n))
 
     def to_frame(self) -> pd.DataFrame:

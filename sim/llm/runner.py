@@ -31,7 +31,7 @@ from sim.llm.schedulers import (
 )
 from sim.llm.step_model import LinearStepModel, ProfileStepModel, StepModel
 from sim.llm.tokens import request_tokens
-from sim.rundir import run_meta, write_json
+from sim.rundir import run_meta, write_json, write_table
 from sim.window import horizon_s as window_horizon_s
 from sim.workloads import ArrivalSchedule, OpenLoop
 
@@ -68,13 +68,13 @@ class LlmResult:
         out.mkdir(parents=True, exist_ok=True)
         (out / "scenario.yaml").write_text(self.scenario.to_yaml())
         write_json(out / "meta.json", self.meta)
-        self.requests.to_parquet(out / "requests.parquet", index=False)
-        self.steps.to_parquet(out / "steps.parquet", index=False)
-        self.tokens.to_parquet(out / "tokens.parquet", index=False)
-        self.queue.to_parquet(out / "queue.parquet", index=False)
+        write_table(self.requests, out / "requests.parquet")
+        write_table(self.steps, out / "steps.parquet")
+        write_table(self.tokens, out / "tokens.parquet")
+        write_table(self.queue, out / "queue.parquet")
         if self.replicas is not None and self.fleet_events is not None:
-            self.replicas.to_parquet(out / "replicas.parquet", index=False)
-            self.fleet_events.to_parquet(out / "fleet_events.parquet", index=False)
+            write_table(self.replicas, out / "replicas.parquet")
+            write_table(self.fleet_events, out / "fleet_events.parquet")
         write_json(out / "summary.json", self.summary)
         return out
 
