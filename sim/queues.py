@@ -170,18 +170,25 @@ class FifoQueue(RequestQueue):
         if n == 1:
             if first != request_ids[0]:
                 return NOT_HEAD
-            self._head = head + 1
+            self._advance(head + 1)
             return HEAD_RUN
         # a shared queue holds ids in increasing order: consecutive when first and last say so
         if not self.routed and ids[-1] - first == stored - 1:
             if request_ids != tuple(range(first, first + n)):
                 return NOT_HEAD
-            self._head = head + n
+            self._advance(head + n)
             return HEAD_RUN
         if tuple(ids[head:head + n]) != request_ids:
             return NOT_HEAD
-        self._head = head + n
+        self._advance(head + n)
         return HEAD
+
+    def _advance(self, head: int) -> None:
+        """Move the head; drop the ids behind it once they are more than half the list."""
+        if head > 1024 and 2 * head > len(self._ids):
+            del self._ids[:head]
+            head = 0
+        self._head = head
 
     def oldest_arrival_s(self) -> float:
         """Arrival of the head (FIFO order is arrival order)."""

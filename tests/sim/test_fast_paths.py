@@ -144,3 +144,14 @@ def test_queue_statistics_match_a_direct_integration() -> None:
     assert stats["p95"] == pytest.approx(np.percentile(level, 95, method="inverted_cdf"),
                                          abs=1)
     assert math.isfinite(stats["mean"])
+
+
+def test_a_fifo_queue_does_not_keep_the_ids_it_served() -> None:
+    # a long run's served ids would otherwise stay behind the head: ~40 bytes per request
+    arrivals = np.cumsum(np.random.default_rng(5).exponential(0.01, 20_000))
+    table = RequestTable(arrivals)
+    core = ServingCore(table, ScheduleSource(table), [Scripted(lambda ids: ids[:1], 1)])
+    SimPyDriver(core, ConstantService(9.0)).run()
+    fifo = core.queues[0]
+    assert len(fifo._ids) <= 2 * 1024 + 2  # type: ignore[attr-defined]
+    assert core.check_invariants()["ok"] == 20_000
