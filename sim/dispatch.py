@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sim.queues import HEAD_RUN, NOT_HEAD, RequestQueue
-from sim.records import BATCH_ID, REPLICA, BatchTable, QueueSeries, RequestTable
+from sim.records import BATCH_ID, REPLICA, BatchTable, QueueSeries, RequestTable, constant
 from sim.routing import ReplicaLoad
 from sim.sources import ClientSource, Source, end_request
 from sim.types import DROPPED, FAILED, OK, QUEUED, RUNNING, Policy, ReplicaView
@@ -48,17 +48,6 @@ class Batch:
     expected_s: float
     idle_s: float = 0.0
     run: bool = False
-
-
-_BLOCKS: dict[tuple[int, int], array] = {}  # type: ignore[type-arg]
-
-
-def _block(status: int, n: int) -> array:  # type: ignore[type-arg]
-    """``n`` copies of a status code, as a column slice to compare with or assign."""
-    block = _BLOCKS.get((status, n))
-    if block is None:
-        block = _BLOCKS[(status, n)] = array("b", (status,)) * n
-    return block
 
 
 class Dispatcher:
@@ -196,7 +185,7 @@ class Dispatcher:
             first = ids[0]
             end = first + n
             items = n if table.unit_size else sum(table.size[first:end])
-            table.status[first:end] = _block(RUNNING, n)
+            table.status[first:end] = constant("b", RUNNING, n)
             table.start_s[first:end] = array("d", (now_s,)) * n
             table.batch_id[first:end] = array(BATCH_ID, (bid,)) * n
             table.replica[first:end] = array(REPLICA, (replica,)) * n
@@ -263,9 +252,9 @@ class Dispatcher:
         ids = batch.request_ids
         n = len(ids)
         ended: Sequence[int]
-        if batch.run and status[ids[0]:ids[0] + n] == _block(RUNNING, n):
+        if batch.run and status[ids[0]:ids[0] + n] == constant("b", RUNNING, n):
             first = ids[0]
-            status[first:first + n] = _block(outcome, n)
+            status[first:first + n] = constant("b", outcome, n)
             finish[first:first + n] = array("d", (now_s,)) * n
             ended = ids
         else:

@@ -120,30 +120,28 @@ class Fleet:
             return [], ready[:have - want]
         return [], []
 
+    def _move(self, replica: int, now_s: float, state: str, event: str) -> None:
+        """Put a slot in ``state``, logging ``event`` and the new counts."""
+        self.state[replica] = state
+        self.log.events.append((now_s, replica, event))
+        self._record(now_s)
+
     def launch(self, replica: int, now_s: float) -> None:
         """A slot starts its cold start."""
-        self.state[replica] = STARTING
-        self.log.events.append((now_s, replica, "launch"))
-        self._record(now_s)
+        self._move(replica, now_s, STARTING, "launch")
 
     def ready(self, replica: int, now_s: float) -> None:
         """A starting slot's model is loaded: it serves from now."""
-        self.state[replica] = READY
         self.ready_at_s[replica] = now_s
-        self.log.events.append((now_s, replica, "ready"))
-        self._record(now_s)
+        self._move(replica, now_s, READY, "ready")
 
     def retire(self, replica: int, now_s: float) -> None:
         """A ready slot stops taking work."""
-        self.state[replica] = DRAINING
-        self.log.events.append((now_s, replica, "retire"))
-        self._record(now_s)
+        self._move(replica, now_s, DRAINING, "retire")
 
     def stop(self, replica: int, now_s: float) -> None:
         """A draining slot has finished its work and frees its resources."""
-        self.state[replica] = OFF
-        self.log.events.append((now_s, replica, "stop"))
-        self._record(now_s)
+        self._move(replica, now_s, OFF, "stop")
 
     def _record(self, now_s: float) -> None:
         log = self.log

@@ -201,13 +201,14 @@ def _stop_s(window: Window) -> float:
     return window.end_s if math.isfinite(window.end_s) else window.horizon_s
 
 
-def latency_with_censored_s(ok: pd.DataFrame, pending: pd.DataFrame,
+def latency_with_censored_s(ok_latency_s: np.ndarray, pending_arrival_s: np.ndarray,
                             stop_s: float) -> np.ndarray:
-    """Latencies (s) of ``ok`` requests, then of the ``pending`` (censored) ones with the
-    stop time as their finish (lower bounds).
+    """Latencies (s) of the ok requests, then of the pending (censored) ones with the stop
+    time as their finish (lower bounds); ``ok_latency_s`` itself when none is pending.
     """
-    return np.concatenate(((ok["finish_s"] - ok["arrival_s"]).to_numpy(),
-                           stop_s - pending["arrival_s"].to_numpy()))
+    if pending_arrival_s.size == 0:
+        return ok_latency_s
+    return np.concatenate((ok_latency_s, stop_s - pending_arrival_s))
 
 
 def ok_requests(requests: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
@@ -255,8 +256,8 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
         latency = latency[ok]
     mean_latency_s = float(latency.mean()) if latency.size else math.nan
     ok_latency = latency.copy() if fleet is not None else None  # (stats overwrite latency)
-    latency_ms = _stats_ms(np.concatenate((latency, end_s - arrival_pending)) if censored
-                           else latency, censored, scratch=True)
+    latency_ms = _stats_ms(latency_with_censored_s(latency, arrival_pending, end_s), censored,
+                           scratch=True)
     del latency
     started = start_s[pending]
     wait_pending = np.where(np.isnan(started), end_s, started) - arrival_pending
@@ -372,19 +373,20 @@ def class_summaries(requests: pd.DataFrame, window: Window) -> dict[str, dict[st
     for name, group in requests.groupby("klass", sort=True):
         if name == "":
             continue
-        inwin = group[group["arrival_s"] >= lo]
-        status = inwin["status"].astype(str)
-        ok = inwin[status == "ok"]
-        pending = inwin[status == "in_flight"]
+        inwin = group[group["arrival_s"].to_numpy() >= lo]
+        counts = _status_counts(inwin, np.ones(len(inwin), dtype=bool))
+        ok = inwin[status_is(inwin, "ok")]
+        pending = inwin[status_is(inwin, "in_flight")]
         completions, good = completions_in_window(group, window)
-        errors = int(status.isin(list(ERROR_CAUSES)).sum())
-        latency = latency_with_censored_s(ok, pending, end_s)
+        errors = sum(counts.get(c, 0) for c in ERROR_CAUSES)
+        latency = latency_with_censored_s((ok["finish_s"] - ok["arrival_s"]).to_numpy(),
+                                          pending["arrival_s"].to_numpy(), end_s)
         out[str(name)] = {
             "requests": len(inwin), "ok": len(ok), "completions": completions,
             "throughput_rps": completions * per_s,
             "goodput_rps": None if good is None else good * per_s,
             "error_rate": errors / len(inwin) if len(inwin) else math.nan,
-            "error_rate_by_cause": {c: (int((status == c).sum()) / len(inwin) if len(inwin)
+            "error_rate_by_cause": {c: (counts.get(c, 0) / len(inwin) if len(inwin)
                                         else math.nan) for c in ERROR_CAUSES},
             "latency_ms": _stats_ms(latency, len(pending)),
         }

@@ -34,6 +34,22 @@ def _column(code: str, values: np.ndarray | None, n: int, fill: float) -> array:
     return col
 
 
+_CONSTANTS: dict[tuple[str, int, int], array] = {}  # type: ignore[type-arg]
+
+
+def constant(code: str, value: int, n: int) -> array:  # type: ignore[type-arg]
+    """``n`` copies of ``value`` as a column of type ``code`` (to compare with or assign to a
+    slice); short ones are cached, as the hot path asks for the same few again and again.
+    """
+    key = (code, value, n)
+    block = _CONSTANTS.get(key)
+    if block is None:
+        block = array(code, (value,)) * n
+        if n <= 256:  # batch and arrival-run sizes; long ones are rare and would bloat it
+            _CONSTANTS[key] = block
+    return block
+
+
 def view(col: array, n: int) -> np.ndarray:  # type: ignore[type-arg]
     """The first ``n`` values of a record column as a numpy array sharing its memory."""
     return np.frombuffer(col, dtype=np.dtype(col.typecode), count=n) if n else \
@@ -85,7 +101,7 @@ class RequestTable:
 
     def status_counts(self, upto: int | None = None) -> dict[str, int]:
         """Requests per status name over the first ``upto`` ids (all when None)."""
-        codes = np.frombuffer(self.status, dtype=np.int8)[: self.n if upto is None else upto]
+        codes = view(self.status, self.n if upto is None else upto)
         counts = np.bincount(codes, minlength=7)
         out: dict[str, int] = dict.fromkeys(STATUS_NAMES.values(), 0)
         for code, name in STATUS_NAMES.items():
@@ -181,7 +197,6 @@ class QueueSeries:
         self.time_s = array("d")
         self.queue = array(REPLICA)
         self.length = array(SIZE)
-        self._blocks: dict[tuple[int, int], array] = {}  # type: ignore[type-arg]
 
     def record(self, time_s: float, queue: int, length: int) -> None:
         """Append one change."""
@@ -193,12 +208,7 @@ class QueueSeries:
         """Append consecutive arrivals: lengths ``first_length, first_length + 1, ...``."""
         n = len(times_s)
         self.time_s.extend(times_s)
-        block = self._blocks.get((queue, n))
-        if block is None:
-            block = array(REPLICA, (queue,)) * n
-            if n <= 64:  # the usual runs; long ones are rare and would bloat the cache
-                self._blocks[(queue, n)] = block
-        self.queue.extend(block)
+        self.queue.extend(constant(REPLICA, queue, n))
         self.length.extend(range(first_length, first_length + n))
 
     def to_frame(self) -> pd.DataFrame:
