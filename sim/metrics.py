@@ -37,136 +37,23 @@ import numpy as np
 import pandas as pd
 
 from sim.fleet import fleet_summary
-from sim.stability import queue_trend, time_weighted_total, verdict
+from sim.folds import (
+    PERCENTILES,
+    BatchFold,
+    QueueFold,
+    RequestFold,
+    samples_view,
+    stats_ms,
+)
+from sim.stability import TREND_SEGMENTS, trend_of, verdict
 from sim.types import ERROR_CAUSES
 from sim.window import Window
 
-PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+__all__ = ["PERCENTILES", "busy_s", "fold_batches", "fold_queue", "fold_requests",
+           "in_system_mean", "ok_latency_s", "ok_requests", "queue_length_stats",
+           "status_codes", "status_is", "summarize", "summary_from_folds"]
 
-
-def _stats_ms(values_s: np.ndarray, censored: int | None = None, *,
-              scratch: bool = False) -> dict[str, Any]:
-    """Mean, percentiles and max in ms (``scratch``: ``values_s`` may be overwritten, which
-    saves two copies of a long run's largest arrays).
-    """
-    out: dict[str, Any]
-    if values_s.size == 0:
-        out = dict.fromkeys(("mean", *PERCENTILES, "max"), math.nan)
-    else:
-        ms = np.multiply(values_s, 1e3, out=values_s if scratch else None)
-        out = {"mean": float(ms.mean())}
-        top = float(ms.max())
-        q = np.percentile(ms, list(PERCENTILES.values()), overwrite_input=scratch)
-        out.update({k: float(v) for k, v in zip(PERCENTILES, q, strict=True)})
-        out["max"] = top
-    if censored is not None:
-        out["censored"] = censored
-    return out
-
-
-def busy_s(batches: pd.DataFrame, replica: int, lo_s: float, hi_s: float) -> float:
-    """Seconds replica ``replica`` was busy inside [lo, hi] (union of its batch intervals;
-    batches still running count up to ``hi_s``).
-    """
-    mine = batches["replica"].to_numpy() == replica
-    return _busy_s(batches["start_s"].to_numpy()[mine],
-                   batches["finish_s"].to_numpy(dtype=float, na_value=np.nan)[mine], lo_s, hi_s)
-
-
-def _busy_s(start_s: np.ndarray, finish_s: np.ndarray, lo_s: float, hi_s: float) -> float:
-    """:func:`busy_s` over one replica's batch starts and finishes (NaN: still running),
-    taken in chunks of batches in start order.
-    """
-    if start_s.size == 0:
-        return 0.0
-    if not bool(np.all(start_s[1:] >= start_s[:-1])):
-        order = np.argsort(start_s, kind="stable")
-        start_s, finish_s = start_s[order], finish_s[order]
-    total, reach = 0.0, lo_s  # the latest finish of the batches before the chunk
-    for a in range(0, start_s.size, _CHUNK):
-        start = np.clip(start_s[a:a + _CHUNK], lo_s, hi_s)
-        finish = np.where(np.isnan(finish_s[a:a + _CHUNK]), hi_s, finish_s[a:a + _CHUNK])
-        np.clip(finish, lo_s, hi_s, out=finish)
-        covered = np.empty_like(finish)  # per batch: the time covered by those before it
-        covered[0] = reach
-        np.maximum.accumulate(finish[:-1], out=covered[1:])
-        np.maximum(covered[1:], reach, out=covered[1:])
-        reach = max(reach, float(finish.max()))
-        np.maximum(start, covered, out=covered)
-        np.subtract(finish, covered, out=covered)
-        np.maximum(covered, 0.0, out=covered)
-        total += float(np.sum(covered))
-    return total
-
-
-def status_is(requests: pd.DataFrame, name: str) -> np.ndarray:
-    """Boolean mask of the requests whose status is ``name`` (categorical codes compared
-    once, no string per request).
-    """
-    col = requests["status"]
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        categories = list(col.cat.categories)
-        if name not in categories:
-            return np.zeros(len(col), dtype=bool)
-        mask: np.ndarray = col.cat.codes.to_numpy() == categories.index(name)
-        return mask
-    named: np.ndarray = col.astype(str).to_numpy() == name
-    return named
-
-
-def _status_counts(requests: pd.DataFrame, mask: np.ndarray) -> dict[str, int]:
-    """Requests per status name among ``mask``."""
-    col = requests["status"]
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        codes = col.cat.codes.to_numpy()[mask]
-        counts = np.bincount(codes[codes >= 0], minlength=len(col.cat.categories))
-        return {str(c): int(n) for c, n in zip(col.cat.categories, counts, strict=True)}
-    names, counts = np.unique(col.astype(str).to_numpy()[mask], return_counts=True)
-    return {str(c): int(n) for c, n in zip(names, counts, strict=True)}
-
-
-def queue_length_stats(queue: pd.DataFrame, lo_s: float, hi_s: float,
-                       steps: tuple[np.ndarray, np.ndarray] | None = None
-                       ) -> dict[str, float]:
-    """Time-weighted mean, p95 and max of the total queue length over [lo, hi] (``steps``:
-    its :func:`sim.stability.time_weighted_total`, when the caller has it already).
-    """
-    if queue.empty or hi_s <= lo_s:
-        return {"mean": math.nan, "p95": math.nan, "max": math.nan}
-    times, total = time_weighted_total(queue) if steps is None else steps
-    n_before = int(np.searchsorted(times, lo_s, side="right"))  # times <= lo_s
-    start_len = float(total[n_before - 1]) if n_before else 0.0
-    stop = max(n_before, int(np.searchsorted(times, hi_s, side="left")))  # lo < t < hi
-    # value i holds from times[i] to times[i + 1] (start_len from lo_s, the last until hi_s);
-    # taken in chunks so that the temporaries stay small on long runs
-    first_s = (times[n_before] if stop > n_before else hi_s) - lo_s  # how long start_len held
-    area_sum, top = start_len * first_s, start_len
-    hist = np.zeros(int(start_len) + 1)  # seconds at each length
-    hist[int(start_len)] = first_s
-    for a in range(n_before, stop, _CHUNK):
-        b = min(a + _CHUNK, stop)
-        values = total[a:b]
-        weights = np.empty(b - a)
-        np.subtract(times[a + 1:b], times[a:b - 1], out=weights[:-1])
-        weights[-1] = (times[b] if b < stop else hi_s) - times[b - 1]
-        area_sum += float(np.sum(values * weights))
-        held = values[weights > 0]  # a value replaced at its own instant never held
-        if held.size:
-            top = max(top, float(held.max()))
-        counts: np.ndarray = np.bincount(values.astype(np.intp), weights=weights)
-        if counts.size > hist.size:
-            counts[:hist.size] += hist
-            hist = counts
-        else:
-            hist[:counts.size] += counts
-    # time-weighted p95 of an integer length: the first length whose share of time reaches 95%
-    share = np.cumsum(hist)
-    share /= share[-1]
-    p95 = float(np.searchsorted(share, 0.95))
-    return {"mean": area_sum / (hi_s - lo_s), "p95": p95, "max": top}
-
-
-_CHUNK = 1 << 18  # rows per chunk where a statistic is taken in chunks
+_stats_ms = stats_ms  # (the LLM summary's name for it)
 
 
 def _floats(col: pd.Series) -> np.ndarray:
@@ -174,6 +61,93 @@ def _floats(col: pd.Series) -> np.ndarray:
     if col.dtype == np.float64:
         return col.to_numpy()
     return col.to_numpy(dtype=float, na_value=np.nan)
+
+
+_CATEGORIES = ["in_flight", "ok", "rejected", "timed_out", "dropped", "failed"]
+
+
+def status_codes(requests: pd.DataFrame) -> np.ndarray:
+    """The status column as category codes (0 in flight, 1 ok, 2 rejected, 3 timed out,
+    4 dropped, 5 failed): the categorical codes themselves when they are in that order.
+    """
+    col = requests["status"]
+    if isinstance(col.dtype, pd.CategoricalDtype) and list(col.cat.categories) == _CATEGORIES:
+        codes: np.ndarray = col.cat.codes.to_numpy()
+        return codes
+    names = col.astype(str).to_numpy()
+    out = np.full(names.size, -1, dtype=np.int8)
+    for code, name in enumerate(_CATEGORIES):
+        out[names == name] = code
+    if bool(np.any(out < 0)):
+        bad = sorted(set(names[out < 0].tolist()))
+        raise ValueError(f"status: unknown values {bad}; allowed: {_CATEGORIES}")
+    return out
+
+
+def status_is(requests: pd.DataFrame, name: str) -> np.ndarray:
+    """Boolean mask of the requests whose status is ``name``."""
+    mask: np.ndarray = status_codes(requests) == _CATEGORIES.index(name)
+    return mask
+
+
+def _stop_s(window: Window) -> float:
+    """When the run stopped (the horizon when it drained everything)."""
+    return window.end_s if math.isfinite(window.end_s) else window.horizon_s
+
+
+def fold_requests(requests: pd.DataFrame, window: Window) -> RequestFold:
+    """The request statistics of a finished run's table (one chunk)."""
+    fold = RequestFold(window.warmup_s, window.horizon_s, window.slo_s, window.has_deadlines,
+                       classes="klass" in requests)
+    fold.add(requests["arrival_s"].to_numpy(), _floats(requests["start_s"]),
+             _floats(requests["finish_s"]), status_codes(requests),
+             requests["deadline_s"].to_numpy() if "deadline_s" in requests else None,
+             requests["klass"].to_numpy() if "klass" in requests else None,
+             end_s=_stop_s(window))
+    return fold
+
+
+def fold_batches(batches: pd.DataFrame, lo_s: float, hi_s: float,
+                 replicas: int) -> BatchFold:
+    """The batch statistics of a batch table (any row order)."""
+    fold = BatchFold(lo_s, hi_s, replicas)
+    start = batches["start_s"].to_numpy()
+    if start.size and not bool(np.all(start[1:] >= start[:-1])):
+        batches = batches.iloc[np.argsort(start, kind="stable")]
+    fold.add(batches["start_s"].to_numpy(), _floats(batches["finish_s"]),
+             batches["replica"].to_numpy(), batches["size"].to_numpy(),
+             batches["items"].to_numpy())
+    return fold
+
+
+def fold_queue(queue: pd.DataFrame, lo_s: float, hi_s: float,
+               segments: int = TREND_SEGMENTS) -> QueueFold:
+    """The queue-length statistics of a queue series (sorted by time first if need be)."""
+    fold = QueueFold(lo_s, hi_s, segments)
+    times = queue["time_s"].to_numpy()
+    if times.size and not bool(np.all(times[1:] >= times[:-1])):
+        queue = queue.sort_values("time_s", kind="stable")
+    fold.add(queue["time_s"].to_numpy(), queue["queue"].to_numpy(),
+             queue["length"].to_numpy())
+    fold.close()
+    return fold
+
+
+def busy_s(batches: pd.DataFrame, replica: int, lo_s: float, hi_s: float) -> float:
+    """Seconds replica ``replica`` was busy inside [lo, hi] (union of its batch intervals;
+    batches still running count up to ``hi_s``).
+    """
+    mine = batches["replica"].to_numpy() == replica
+    fold = BatchFold(lo_s, hi_s, 1)
+    fold.add_busy(0, batches["start_s"].to_numpy()[mine], _floats(batches["finish_s"])[mine])
+    return fold.busy_s[0]
+
+
+def queue_length_stats(queue: pd.DataFrame, lo_s: float, hi_s: float) -> dict[str, float]:
+    """Time-weighted mean, p95 and max of the total queue length over [lo, hi]."""
+    if queue.empty or hi_s <= lo_s:
+        return {"mean": math.nan, "p95": math.nan, "max": math.nan}
+    return fold_queue(queue, lo_s, hi_s).steps.stats()
 
 
 def in_system_mean(requests: pd.DataFrame, lo_s: float, hi_s: float, end_s: float) -> float:
@@ -184,31 +158,9 @@ def in_system_mean(requests: pd.DataFrame, lo_s: float, hi_s: float, end_s: floa
     """
     if hi_s <= lo_s or requests.empty:
         return math.nan
-    arrival = requests["arrival_s"].to_numpy()
-    leave = _floats(requests["finish_s"])
-    total = 0.0
-    for a in range(0, arrival.size, _CHUNK):
-        overlap = np.where(np.isnan(leave[a:a + _CHUNK]), end_s, leave[a:a + _CHUNK])
-        np.minimum(overlap, hi_s, out=overlap)
-        overlap -= np.maximum(arrival[a:a + _CHUNK], lo_s)
-        np.clip(overlap, 0.0, None, out=overlap)
-        total += float(np.sum(overlap))
-    return total / (hi_s - lo_s)
-
-
-def _stop_s(window: Window) -> float:
-    """When the run stopped (the horizon when it drained everything)."""
-    return window.end_s if math.isfinite(window.end_s) else window.horizon_s
-
-
-def latency_with_censored_s(ok_latency_s: np.ndarray, pending_arrival_s: np.ndarray,
-                            stop_s: float) -> np.ndarray:
-    """Latencies (s) of the ok requests, then of the pending (censored) ones with the stop
-    time as their finish (lower bounds); ``ok_latency_s`` itself when none is pending.
-    """
-    if pending_arrival_s.size == 0:
-        return ok_latency_s
-    return np.concatenate((ok_latency_s, stop_s - pending_arrival_s))
+    fold = RequestFold(lo_s, hi_s)
+    fold._in_system(requests["arrival_s"].to_numpy(), _floats(requests["finish_s"]), end_s)
+    return fold.in_system_s / (hi_s - lo_s)
 
 
 def ok_requests(requests: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
@@ -229,67 +181,67 @@ def ok_latency_s(requests: pd.DataFrame, warmup_s: float) -> np.ndarray:
 def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame,
               window: Window, driver: str,
               fleet: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Any]:
-    """The run summary (keys as in the README's metrics table); ``fleet`` (the replica
-    series and fleet events of an autoscaled run) adds the autoscaling metrics, and makes
-    utilisation and cost count the replica-seconds the fleet really held.
+    """The run summary of a finished run's tables (keys as in the README's metrics table);
+    ``fleet`` (the replica series and fleet events of an autoscaled run) adds the
+    autoscaling metrics, and makes utilisation and cost count the replica-seconds the fleet
+    really held.
     """
-    lo, hi, span = window.warmup_s, window.horizon_s, window.length_s
-    arrival = requests["arrival_s"].to_numpy()
-    start_s, finish_s = _floats(requests["start_s"]), _floats(requests["finish_s"])
-    inwin = arrival >= lo
-    ok = inwin & status_is(requests, "ok")
-    arrivals = int(inwin.sum())
-    by_status = _status_counts(requests, inwin)
-    counts = {cause: by_status.get(cause, 0) for cause in ERROR_CAUSES}
+    lo, hi = window.warmup_s, window.horizon_s
+    requests_fold = fold_requests(requests, window)
+    scaling = None
+    if fleet is not None:
+        ok = (requests["arrival_s"].to_numpy() >= lo) & status_is(requests, "ok")
+        scaling = fleet_summary(requests, fleet[0], fleet[1], lo, hi,
+                                samples_view(requests_fold.latency_s).copy(), ok)
+    return summary_from_folds(requests_fold, fold_batches(batches, lo, hi, window.replicas),
+                              fold_queue(queue, lo, hi), window, driver, scaling)
+
+
+def _latency_stats(fold: RequestFold) -> tuple[dict[str, Any], float]:
+    """Latency stats (censored requests last, with the stop time as their finish) and the
+    mean latency (s) of the ok requests alone; the fold's samples are used up.
+    """
+    latency = samples_view(fold.latency_s)
+    mean_latency_s = float(latency.mean()) if latency.size else math.nan
+    del latency  # (a view would stop the buffer from growing)
+    if len(fold.censored_latency_s):
+        fold.latency_s.extend(fold.censored_latency_s)
+    return stats_ms(samples_view(fold.latency_s), fold.censored, scratch=True), mean_latency_s
+
+
+def _wait_stats(fold: RequestFold) -> dict[str, Any]:
+    if len(fold.censored_wait_s):
+        fold.wait_s.extend(fold.censored_wait_s)
+    return stats_ms(samples_view(fold.wait_s), fold.censored, scratch=True)
+
+
+def summary_from_folds(requests: RequestFold, batches: BatchFold, queue: QueueFold,
+                       window: Window, driver: str,
+                       scaling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run summary from its folded statistics (the folds' samples are used up);
+    ``scaling``: the autoscaling metrics of an autoscaled run.
+    """
+    span = window.length_s
+    arrivals = requests.arrivals
+    counts_all = dict(zip(_CATEGORIES, requests.counts.tolist(), strict=True))
+    counts = {cause: counts_all.get(cause, 0) for cause in ERROR_CAUSES}
     errors = sum(counts.values())
     per_s = (1.0 / span) if span > 0 else math.nan
-    completions, good = completions_in_window(requests, window)
-    # censored: arrived in the window, still queued or running when the run stopped
-    pending = inwin & status_is(requests, "in_flight")
-    censored = int(pending.sum())
-    end_s = _stop_s(window)
-    arrival_pending = arrival[pending]
-    # one per-request array at a time (the temporaries of a long run are its largest part)
-    all_ok = bool(ok.all())
-    latency = finish_s - arrival
-    if not all_ok:
-        latency = latency[ok]
-    mean_latency_s = float(latency.mean()) if latency.size else math.nan
-    ok_latency = latency.copy() if fleet is not None else None  # (stats overwrite latency)
-    latency_ms = _stats_ms(latency_with_censored_s(latency, arrival_pending, end_s), censored,
-                           scratch=True)
-    del latency
-    started = start_s[pending]
-    wait_pending = np.where(np.isnan(started), end_s, started) - arrival_pending
-    wait_ok = start_s - arrival
-    if not all_ok:
-        wait_ok = wait_ok[ok]
-    queue_ms = _stats_ms(np.concatenate((wait_ok, wait_pending)) if censored else wait_ok,
-                         censored, scratch=True)
-    del wait_ok
-    service = finish_s - start_s
-    service_ms = _stats_ms(service if all_ok else service[ok], scratch=True)
-    del service
-    b_start = batches["start_s"].to_numpy()
-    b_finish = _floats(batches["finish_s"])
-    b_replica = batches["replica"].to_numpy()
-    bwin = b_start >= lo
-    n_batches = int(bwin.sum())
-    b_size = batches["size"].to_numpy()[bwin]
-    mean_batch = float(b_size.mean()) if n_batches else math.nan
-    if window.replicas == 1 and not bool(np.any(b_replica)):
-        busy = np.array([_busy_s(b_start, b_finish, lo, hi)])
-    else:
-        busy = np.array([_busy_s(b_start[b_replica == r], b_finish[b_replica == r], lo, hi)
-                         for r in range(window.replicas)])
+    completions = requests.completions
+    good = requests.good if (window.slo_s is not None or window.has_deadlines) else None
+    censored = requests.censored
+    ok_n = int(requests.counts[1])
+    latency_ms, mean_latency_s = _latency_stats(requests)
+    queue_ms = _wait_stats(requests)
+    service_ms = stats_ms(samples_view(requests.service_s), scratch=True)
+    n_batches = batches.n
+    mean_batch = batches.size_sum / n_batches if n_batches else math.nan
+    busy = np.array(batches.busy_s)
     util = busy / span if span > 0 else np.full(window.replicas, math.nan)
-    sizes, size_counts = np.unique(b_size, return_counts=True)
     throughput = completions * per_s
     offered = arrivals * per_s
-    if fleet is not None:
-        assert ok_latency is not None
-        scaling = fleet_summary(requests, fleet[0], fleet[1], lo, hi, ok_latency, ok)
-        held_s = float(scaling["replica_seconds"])  # type: ignore[arg-type]
+    if scaling is not None:
+        held_s = float(scaling["replica_seconds"])
         utilization = float(busy.sum() / held_s) if held_s > 0 else math.nan
     else:
         held_s = window.replicas * span
@@ -298,19 +250,18 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
     cost = math.nan
     if window.price_per_replica_hour > 0 and completions > 0:
         cost = window.price_per_replica_hour * held_s / 3600.0 / completions * 1e6
-    in_system = in_system_mean(requests, lo, hi, end_s)
-    queue_steps = time_weighted_total(queue) if not queue.empty else None
+    in_system = requests.in_system_s / span if span > 0 and requests.rows else math.nan
     little = throughput * mean_latency_s
+    steps = queue.steps
     stability = verdict(offered_rps=offered, capacity=window.capacity_rps,
-                        utilization=utilization,
-                        trend=queue_trend(queue, lo, hi, steps=queue_steps),
+                        utilization=utilization, trend=trend_of(steps),
                         window_s=span, closed_loop=window.closed_loop, bounded=window.bounded)
     return {
         "driver": driver,
         "requests": arrivals,
-        "ok": int(ok.sum()),
+        "ok": ok_n,
         **counts,
-        "in_flight": by_status.get("in_flight", 0),
+        "in_flight": counts_all["in_flight"],
         "censored": censored,
         "completions": completions,
         "window_s": span,
@@ -325,69 +276,44 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
         "service_ms": service_ms,
         "batches": n_batches,
         "mean_batch_size": mean_batch,
-        "mean_batch_items": (float(batches["items"].to_numpy()[bwin].mean()) if n_batches
-                             else math.nan),
-        "batch_size_hist": {str(k): int(v) for k, v in zip(sizes, size_counts, strict=True)},
+        "mean_batch_items": batches.items_sum / n_batches if n_batches else math.nan,
+        "batch_size_hist": {str(k): v for k, v in sorted(batches.size_hist.items())},
         "batch_utilization": mean_batch / window.max_batch_size if n_batches else math.nan,
         "utilization": utilization,
         "utilization_per_replica": [float(u) for u in util],
-        "queue_len": queue_length_stats(queue, lo, hi, queue_steps),
+        "queue_len": steps.stats() if span > 0 else
+        {"mean": math.nan, "p95": math.nan, "max": math.nan},
         "in_system_mean": in_system,
         "littles_law": {"in_system_mean": in_system, "throughput_x_latency": little,
                         "rel_gap": (in_system - little) / little if little else math.nan},
         "stability": stability,
         "cost_per_million_usd": cost,
         **scaling,
-        **({"classes": class_summaries(requests, window)} if "klass" in requests else {}),
+        **({"classes": _class_summaries(requests, window)}
+           if requests.classes is not None else {}),
     }
 
 
-def completions_in_window(requests: pd.DataFrame, window: Window) -> tuple[int, int | None]:
-    """Ok requests (whenever they arrived) that finished inside the window, and how many of
-    those met their SLO (their own deadline when requests carry one; None without any SLO).
-    """
-    lo, hi = window.warmup_s, window.horizon_s
-    all_ok = status_is(requests, "ok")
-    finish = _floats(requests["finish_s"])[all_ok]
-    done_in = (finish >= lo) & (finish <= hi)
-    if window.slo_s is None and not window.has_deadlines:
-        return int(done_in.sum()), None
-    arrival = requests["arrival_s"].to_numpy()[all_ok]
-    latency = finish - arrival
-    if "deadline_s" in requests:
-        budget = requests["deadline_s"].to_numpy()[all_ok] - arrival
-        met = latency <= budget * (1 + 1e-12)
-    else:
-        met = latency <= (window.slo_s if window.slo_s is not None else math.inf)
-    return int(done_in.sum()), int(np.sum(done_in & met))
-
-
-def class_summaries(requests: pd.DataFrame, window: Window) -> dict[str, dict[str, Any]]:
+def _class_summaries(fold: RequestFold, window: Window) -> dict[str, dict[str, Any]]:
     """Per request class: arrivals, ok, completions, throughput, goodput, error rate and
     latency (as in the summary, over that class's requests).
     """
-    lo, span = window.warmup_s, window.length_s
+    span = window.length_s
     per_s = (1.0 / span) if span > 0 else math.nan
-    end_s = _stop_s(window)
     out: dict[str, dict[str, Any]] = {}
-    for name, group in requests.groupby("klass", sort=True):
-        if name == "":
-            continue
-        inwin = group[group["arrival_s"].to_numpy() >= lo]
-        counts = _status_counts(inwin, np.ones(len(inwin), dtype=bool))
-        ok = inwin[status_is(inwin, "ok")]
-        pending = inwin[status_is(inwin, "in_flight")]
-        completions, good = completions_in_window(group, window)
-        errors = sum(counts.get(c, 0) for c in ERROR_CAUSES)
-        latency = latency_with_censored_s((ok["finish_s"] - ok["arrival_s"]).to_numpy(),
-                                          pending["arrival_s"].to_numpy(), end_s)
-        out[str(name)] = {
-            "requests": len(inwin), "ok": len(ok), "completions": completions,
-            "throughput_rps": completions * per_s,
+    assert fold.classes is not None
+    for name in sorted(fold.classes):
+        klass = fold.classes[name]
+        n = klass.arrivals
+        counts = dict(zip(_CATEGORIES, klass.counts.tolist(), strict=True))
+        good = klass.good if (window.slo_s is not None or window.has_deadlines) else None
+        out[name] = {
+            "requests": n, "ok": counts["ok"], "completions": klass.completions,
+            "throughput_rps": klass.completions * per_s,
             "goodput_rps": None if good is None else good * per_s,
-            "error_rate": errors / len(inwin) if len(inwin) else math.nan,
-            "error_rate_by_cause": {c: (counts.get(c, 0) / len(inwin) if len(inwin)
-                                        else math.nan) for c in ERROR_CAUSES},
-            "latency_ms": _stats_ms(latency, len(pending)),
+            "error_rate": sum(counts[c] for c in ERROR_CAUSES) / n if n else math.nan,
+            "error_rate_by_cause": {c: (counts[c] / n if n else math.nan)
+                                    for c in ERROR_CAUSES},
+            "latency_ms": _latency_stats(klass)[0],
         }
     return out

@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.folds import StepFold
+
 T_CRIT = 3.0
 SATURATED_RHO = 0.95
 TREND_SEGMENTS = 10
@@ -63,47 +65,6 @@ def capacity_rps(mean_s: Callable[[int], float], batch_sizes: Sequence[int], rep
     return best * replicas * concurrent_batches
 
 
-def time_weighted_total(queue: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """The total queue length over all queues as a step function: (times, values after),
-    times non-decreasing. Several changes may share a time; the last of them is the value
-    from then on (the others held for zero seconds). One queue's series is returned as it is
-    recorded, without a copy.
-    """
-    times = queue["time_s"].to_numpy()
-    if times.size and not bool(np.all(times[1:] >= times[:-1])):
-        queue = queue.sort_values("time_s", kind="stable")
-        times = queue["time_s"].to_numpy()
-    queues = queue["queue"].to_numpy()
-    if times.size and not bool(np.any(queues != queues[0])):
-        return times, queue["length"].to_numpy()  # one queue: its own length
-    delta = queue.groupby("queue")["length"].diff().fillna(queue["length"]).to_numpy()
-    return times, np.cumsum(delta)
-
-
-def _segment_means(times: np.ndarray, values: np.ndarray, lo_s: float, hi_s: float,
-                   segments: int) -> np.ndarray:
-    """Time-weighted mean of a step function over ``segments`` equal parts of [lo, hi]
-    (one part at a time, so the temporaries are a part's size).
-    """
-    edges = np.linspace(lo_s, hi_s, segments + 1)
-    sums = np.zeros(segments)
-    for k in range(segments):
-        a, b = np.searchsorted(times, (edges[k], edges[k + 1]), side="right")
-        inner = times[a:b]
-        if inner.size and inner[-1] == edges[k + 1]:
-            inner = inner[:-1]
-        grid = np.empty(inner.size + 2)
-        grid[0], grid[-1] = edges[k], edges[k + 1]
-        grid[1:-1] = inner
-        idx = np.searchsorted(times, grid[:-1], side="right") - 1
-        level = np.where(idx >= 0, values[np.clip(idx, 0, None)], 0.0) if values.size else \
-            np.zeros(grid.size - 1)
-        area = level * np.diff(grid)
-        sums[k] = np.bincount(np.zeros(area.size, dtype=np.intp), weights=area,
-                              minlength=1)[0]
-    return sums / np.diff(edges)
-
-
 @dataclass(frozen=True)
 class Trend:
     """Least-squares slope of the queue length over the window.
@@ -120,18 +81,26 @@ class Trend:
 
 
 def queue_trend(queue: pd.DataFrame, lo_s: float, hi_s: float,
-                segments: int = TREND_SEGMENTS,
-                steps: tuple[np.ndarray, np.ndarray] | None = None) -> Trend:
-    """The queue's trend: OLS of its time-weighted means over ``segments`` parts of the window.
+                segments: int = TREND_SEGMENTS) -> Trend:
+    """The queue's trend over [lo, hi] from a queue series (:func:`trend_of` its fold)."""
+    from sim.metrics import fold_queue
 
-    Segment means rather than the raw steps: neighbouring queue lengths are strongly
-    correlated, so a regression on every step would call noise a trend. ``steps``: the
-    :func:`time_weighted_total` of ``queue`` when the caller has it already.
-    """
     if queue.empty or hi_s <= lo_s:
         return Trend(math.nan, math.nan, math.nan)
-    times, values = time_weighted_total(queue) if steps is None else steps
-    means = _segment_means(times, values, lo_s, hi_s, segments)
+    return trend_of(fold_queue(queue, lo_s, hi_s, segments).steps)
+
+
+def trend_of(steps: StepFold) -> Trend:
+    """The queue's trend: OLS of its time-weighted means over the fold's segments.
+
+    Segment means rather than the raw steps: neighbouring queue lengths are strongly
+    correlated, so a regression on every step would call noise a trend.
+    """
+    lo_s, hi_s = steps.lo_s, steps.hi_s
+    if steps.rows == 0 or hi_s <= lo_s:
+        return Trend(math.nan, math.nan, math.nan)
+    means = steps.segment_means()
+    segments = means.size
     mid = (np.arange(segments) + 0.5) * (hi_s - lo_s) / segments
     x = mid - mid.mean()
     sxx = float(np.sum(x * x))

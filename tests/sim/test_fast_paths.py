@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import sim.folds as folds
 import sim.metrics as metrics
 from sim.core import ServingCore
 from sim.dispatch import PolicyError
@@ -121,7 +122,7 @@ def test_statistics_in_chunks_equal_the_whole(seed: int, monkeypatch) -> None:  
     whole = (metrics.queue_length_stats(queue, lo, hi),
              metrics.busy_s(batches, 0, lo, hi),
              metrics.in_system_mean(requests, lo, hi, hi + 1.0))
-    monkeypatch.setattr(metrics, "_CHUNK", 7)
+    monkeypatch.setattr(folds, "CHUNK", 7)
     chunked = (metrics.queue_length_stats(queue, lo, hi),
                metrics.busy_s(batches, 0, lo, hi),
                metrics.in_system_mean(requests, lo, hi, hi + 1.0))
