@@ -250,7 +250,7 @@ class StepFold:
         self.segment_area = np.zeros(segments)
         self.area = 0.0
         self.top = -math.inf
-        self.hist = np.zeros(1)  # seconds at each length
+        self.hist: np.ndarray = np.zeros(1)  # seconds at each length
         self._t: float = -math.inf  # the row in force, not yet folded (its end is unknown)
         self._v: float = 0.0
         self.rows = 0
@@ -287,7 +287,7 @@ class StepFold:
         begin_s, end_s = begin_s[held], end_s[held]
         self.area += float(np.sum(level * width))
         self.top = max(self.top, float(level.max()))
-        counts = np.bincount(level.astype(np.intp), weights=width)
+        counts: np.ndarray = np.bincount(level.astype(np.intp), weights=width)
         if counts.size > self.hist.size:
             counts[:self.hist.size] += self.hist
             self.hist = counts
