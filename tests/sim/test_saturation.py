@@ -164,3 +164,15 @@ def test_a_growing_queue_is_unstable_when_the_capacity_is_unknown() -> None:
     near = verdict(offered_rps=97, capacity=100, utilization=0.97, trend=growing,
                    window_s=60, closed_loop=False, bounded=False)
     assert near["verdict"] == "unstable"
+
+
+def test_a_stopped_run_records_every_arrival_up_to_the_stop() -> None:
+    # every replica busy at the horizon: the core had no reason to wake for the last
+    # arrivals, but they arrived before the stop, so they are in the table (censored)
+    n = 3000
+    result = sim.run({"seed": 3, "service": {"kind": "exponential", "mean_ms": 12},
+                      "workload": {"kind": "poisson", "rate_rps": 100, "n_requests": n},
+                      "policy": {"kind": "none"}}, drain_timeout_s=0.0)
+    assert len(result.requests) == n
+    assert result.summary["censored"] == int((result.requests["status"] == "in_flight").sum())
+    assert result.summary["censored"] > 10
