@@ -24,6 +24,7 @@ queue; either way the records stay consistent.
 
 from __future__ import annotations
 
+import gc
 import math
 import queue
 import threading
@@ -244,6 +245,10 @@ class LiveDriver:
         deadline passed); return the end time (s since the start).
         """
         core = self.core
+        # the collector leaves what existed before the run alone: a full collection of a big
+        # heap (a notebook's, the dashboard's, a long test session's) pauses the clock loop
+        # for a fifth of a second, late enough to change what the autoscaler decides
+        gc.freeze()
         self.start_perf = time.perf_counter()
         self._workers = {r: self._worker(r, runner) for r, runner in enumerate(self.runners)
                          if runner is not None}
@@ -297,6 +302,7 @@ class LiveDriver:
                 finished += self._collect(block_s=0.0)
                 if finished:
                     core.step(self.now_s(), finished, dispatch=False)
+            gc.unfreeze()
         return end_s
 
     # -- steps -------------------------------------------------------------------------------
