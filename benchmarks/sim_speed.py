@@ -12,9 +12,11 @@ Cases (all timed in the same run, so the ratios share the machine's state):
   * the dashboard's re-simulation: ``builtin:dyn-demo`` stretched to 200,000 requests
     (what a knob move on the Explore page runs);
   * peak memory (VmHWM of a fresh process) of ``sim.run`` with full records at 1M and 5M
-    M/M/1 requests, less the idle import.
+    M/M/1 requests, and with ``records="summary"`` at 5M and 50M, less the idle import;
+  * the whole process with ``--records summary`` (no tables to write).
 
 Usage: python benchmarks/sim_speed.py [--n 1000000] [--ciw-n 200000] [--mem-n 1000000,5000000]
+       [--mem-summary-n 5000000,50000000]
 Writes benchmarks/results/sim_speed.md and .json.
 """
 
@@ -74,22 +76,24 @@ def lean_simpy(n: int, rate_rps: float = 900.0, mean_s: float = 1e-3, seed: int 
     return {"n": n, "wall_s": wall, "rps": n / wall, "mean_wait_ms": sum(wait) / n * 1e3}
 
 
-def run_sim(cfg: dict[str, Any], n: int) -> dict[str, Any]:
+def run_sim(cfg: dict[str, Any], n: int, records: str = "full") -> dict[str, Any]:
     """``sim.run`` in this process: engine and total time of the call."""
     import sim
 
     t0 = time.perf_counter()
-    result = sim.run(with_n(cfg, n))
+    result = sim.run(with_n(cfg, n), records=records)
     wall = time.perf_counter() - t0
-    return {"n": len(result.requests), "wall_s": wall, "engine_s": result.meta["wall_s"],
-            "rps_total": len(result.requests) / wall,
-            "rps_engine": len(result.requests) / result.meta["wall_s"],
+    done = sum(result.meta["status_counts"].values())
+    return {"n": done, "records": result.meta["records"], "wall_s": wall,
+            "engine_s": result.meta["wall_s"], "rps_total": done / wall,
+            "rps_engine": done / result.meta["wall_s"],
+            "p99_ms": result.summary["latency_ms"]["p99"],
             "utilization": result.summary["utilization"],
             "mean_batch": result.summary["mean_batch_size"],
             "mean_wait_ms": result.summary["queue_ms"]["mean"]}
 
 
-def whole_process(cfg: dict[str, Any], n: int) -> dict[str, Any]:
+def whole_process(cfg: dict[str, Any], n: int, records: str = "full") -> dict[str, Any]:
     """``servelab simulate SCENARIO --out DIR -q`` in a fresh process, timed from outside."""
     import yaml
 
@@ -98,11 +102,12 @@ def whole_process(cfg: dict[str, Any], n: int) -> dict[str, Any]:
         path.write_text(yaml.safe_dump(with_n(cfg, n)))
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "servelab.cli", "simulate", str(path), "--out",
-                        str(Path(tmp) / "run"), "-q"], check=True, cwd=ROOT,
-                       capture_output=True)
+                        str(Path(tmp) / "run"), "-q", "--records", records], check=True,
+                       cwd=ROOT, capture_output=True)
         wall = time.perf_counter() - t0
         meta = json.loads((Path(tmp) / "run" / "meta.json").read_text())
-    return {"n": n, "wall_s": wall, "rps": n / wall, "engine_s": meta["wall_s"]}
+    return {"n": n, "records": records, "wall_s": wall, "rps": n / wall,
+            "engine_s": meta["wall_s"]}
 
 
 def run_ciw(n: int) -> dict[str, Any]:
@@ -141,13 +146,13 @@ _HWM = ("def hwm():\n"
         "            return int(line.split()[1]) / 1024\n")
 
 
-def peak_memory_mb(n: int) -> dict[str, Any]:
+def peak_memory_mb(n: int, records: str = "full") -> dict[str, Any]:
     """``sim.run`` of n M/M/1 requests in a fresh process; its peak RSS (VmHWM, which,
     unlike ru_maxrss, is not inherited from the parent across fork and exec).
     """
     code = (_HWM + "import json,sys;sys.path.insert(0,'.')\n"
             "from benchmarks.sim_speed import run_sim, MM1\n"
-            f"r=run_sim(MM1,{n})\n"
+            f"r=run_sim(MM1,{n},{records!r})\n"
             "r['maxrss_mb']=hwm()\n"
             "print(json.dumps(r))")
     base = (_HWM + "import json,sim,sim.runner\n"
@@ -179,6 +184,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--ciw-n", type=int, default=200_000)
     ap.add_argument("--mem-n", default="1000000,5000000")
+    ap.add_argument("--mem-summary-n", default="5000000,50000000")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     lean = lean_simpy(args.n)
@@ -187,8 +193,11 @@ def main() -> None:
     ciw_row = run_ciw(args.ciw_n)
     dyn = run_sim(DYN, args.n)
     dyn_cli = whole_process(DYN, args.n)
+    mm1_lean_cli = whole_process(MM1, args.n, "summary")
+    dyn_lean_cli = whole_process(DYN, args.n, "summary")
     dash = dashboard_resim()
     mems = [peak_memory_mb(int(n)) for n in args.mem_n.split(",") if n]
+    lean_mems = [peak_memory_mb(int(n), "summary") for n in args.mem_summary_n.split(",") if n]
 
     engine_ratio = mm1["rps_engine"] / lean["rps"]
     whole_ratio = mm1_cli["rps"] / lean["rps"]
@@ -207,6 +216,13 @@ def main() -> None:
     if big is not None:
         targets.append((f"peak bytes / request, full records, {big['n']:,}", "<= 150",
                         f"{big['bytes_per_request']:.0f}", big["bytes_per_request"] <= 150))
+    for m in lean_mems:
+        targets.append((f"peak bytes / request, summary records, {m['n']:,}", "<= 24",
+                        f"{m['bytes_per_request']:.0f}", m["bytes_per_request"] <= 24))
+    huge = [m for m in lean_mems if m["n"] >= 50_000_000]
+    for m in huge:
+        targets.append((f"{m['n']:,} requests, summary records: peak RSS", "<= 2048 MiB",
+                        f"{m['maxrss_mb']:.0f} MiB", m["maxrss_mb"] <= 2048))
 
     lines = [
         "# Simulator speed",
@@ -244,16 +260,23 @@ def main() -> None:
         f"| dynamic max 16, `servelab simulate --out` | {dyn_cli['n']:,} | "
         f"{dyn_cli['wall_s']:.2f} | {dyn_cli['rps']:,.0f} | "
         f"{dyn_cli['n'] / dyn_cli['engine_s']:,.0f} | – | – |",
+        f"| servelab M/M/1, `simulate --records summary --out` | {mm1_lean_cli['n']:,} | "
+        f"{mm1_lean_cli['wall_s']:.2f} | {mm1_lean_cli['rps']:,.0f} | "
+        f"{mm1_lean_cli['n'] / mm1_lean_cli['engine_s']:,.0f} | 1 | – |",
+        f"| dynamic max 16, `simulate --records summary --out` | {dyn_lean_cli['n']:,} | "
+        f"{dyn_lean_cli['wall_s']:.2f} | {dyn_lean_cli['rps']:,.0f} | "
+        f"{dyn_lean_cli['n'] / dyn_lean_cli['engine_s']:,.0f} | – | – |",
         f"| dashboard: builtin:dyn-demo at 200k | {dash['n']:,} | {dash['wall_s']:.2f} | "
         f"{dash['n'] / dash['wall_s']:,.0f} | {dash['n'] / dash['engine_s']:,.0f} | "
         f"{dash['mean_batch']:.2f} | – |",
         "",
         "Theory for the M/M/1 mean wait: 9.000 ms.",
         "",
-        "| M/M/1 requests (full records) | peak RSS MB | idle import MB | bytes / request |",
-        "|---:|---:|---:|---:|",
-        *[f"| {m['n']:,} | {m['maxrss_mb']:.0f} | {m['baseline_mb']:.0f} | "
-          f"{m['bytes_per_request']:.0f} |" for m in mems],
+        "| M/M/1 requests | records | peak RSS MiB | idle import MiB | bytes / request | "
+        "wall s |",
+        "|---:|---|---:|---:|---:|---:|",
+        *[f"| {m['n']:,} | {m['records']} | {m['maxrss_mb']:.0f} | {m['baseline_mb']:.0f} | "
+          f"{m['bytes_per_request']:.0f} | {m['wall_s']:.0f} |" for m in mems + lean_mems],
     ]
     text = "\n".join(lines) + "\n"
     print(text)
@@ -266,7 +289,9 @@ def main() -> None:
                      "python": platform.python_version(), "device": "cpu"},
          "versions": _versions(),
          "lean_simpy": lean, "mm1": mm1, "mm1_whole": mm1_cli, "ciw": ciw_row,
-         "dynamic": dyn, "dynamic_whole": dyn_cli, "dashboard": dash, "memory": mems,
+         "dynamic": dyn, "dynamic_whole": dyn_cli, "mm1_whole_summary": mm1_lean_cli,
+         "dynamic_whole_summary": dyn_lean_cli, "dashboard": dash,
+         "memory": mems + lean_mems,
          "targets": [{"target": t[0], "wanted": t[1], "measured": t[2], "met": t[3]}
                      for t in targets]}, indent=2))
 

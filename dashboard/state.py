@@ -18,13 +18,15 @@ MAX_UPLOAD_BYTES = 2_000_000
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def simulate(scenario_json: str) -> sim.Result:
-    """Simulate a scenario (cached on its JSON text)."""
-    return sim.run(json.loads(scenario_json))
+def simulate(scenario_json: str, records: str = "full") -> sim.Result:
+    """Simulate a scenario (cached on its JSON text and ``records``)."""
+    return sim.run(json.loads(scenario_json), records=records)
 
 
-def run_scenario(scenario: dict[str, Any]) -> sim.Result | None:
-    """Validate, cap and simulate; show errors in the page (never a traceback)."""
+def run_scenario(scenario: dict[str, Any], records: str = "full") -> sim.Result | None:
+    """Validate, cap and simulate; show errors in the page (never a traceback).
+    ``records="summary"``: the result has its summary only (for pages that plot summaries).
+    """
     try:
         validated = sim.load_scenario(scenario)
     except (ScenarioError, ValueError) as exc:
@@ -38,7 +40,8 @@ def run_scenario(scenario: dict[str, Any]) -> sim.Result | None:
         return None
     try:
         with st.spinner("simulating…"):
-            return simulate(json.dumps(validated.model_dump(mode="json"), sort_keys=True))
+            return simulate(json.dumps(validated.model_dump(mode="json"), sort_keys=True),
+                            records)
     except (ProfileError, ValueError) as exc:
         st.error(f"Could not simulate: {exc}")
         return None

@@ -43,12 +43,16 @@ def simulate(
         "--set", help="Override a field, e.g. --set policy.max_batch_size=16 (repeatable)."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
+    records: Annotated[str, typer.Option(
+        "--records", help="full: keep the request, batch and queue tables; summary: keep "
+        "only what the summary needs (same numbers, little memory, no tables written).")
+    ] = "full",
 ) -> None:
     """Simulate SCENARIO and print a summary; with --out, write the run directory."""
     from sim.llm import StepInvariantError, run_any
 
     try:
-        result = run_any(scenario, overrides=set_ or None)
+        result = run_any(scenario, overrides=set_ or None, records=records)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -93,7 +97,7 @@ def _title(name: str, meta: dict[str, object]) -> str:
 @app.command()
 def demo(out: Annotated[Path | None, typer.Option("--out", "-o")] = None) -> None:
     """Simulate the shipped dynamic-batching demo scenario and print its summary."""
-    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False)
+    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records="full")
 
 
 @app.command()
@@ -429,6 +433,10 @@ def sweep_cmd(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a base field (repeatable)."),
     ] = None,
+    records: Annotated[str, typer.Option(
+        "--records", help="summary (default): each run keeps only what its summary needs; "
+        "full: each keeps its tables while it runs (same numbers, more memory).")
+    ] = "summary",
 ) -> None:
     """Simulate every grid point with every seed; results.parquet, CSV and an HTML report.
 
@@ -444,7 +452,8 @@ def sweep_cmd(
         bar, task = _progress_bar("runs")
         with bar:  # type: ignore[attr-defined]
             frame = sweep(base, grid_dict, seeds, workers=workers, dask=dask, out_dir=out,
-                          progress=lambda d, t: bar.update(task, completed=d, total=t))  # type: ignore[attr-defined]
+                          progress=lambda d, t: bar.update(task, completed=d, total=t),  # type: ignore[attr-defined]
+                          records=records)
     except KeyboardInterrupt:
         fail(f"interrupted; finished runs are kept in {out / 'runs.jsonl'} (re-run to resume)",
              code=130)

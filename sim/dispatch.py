@@ -13,7 +13,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sim.queues import HEAD_RUN, NOT_HEAD, RequestQueue
-from sim.records import BATCH_ID, REPLICA, BatchTable, QueueSeries, RequestTable, constant
+from sim.records import (
+    BATCH_ID,
+    REPLICA,
+    BatchTable,
+    Discarded,
+    QueueSeries,
+    RequestTable,
+    constant,
+)
 from sim.routing import ReplicaLoad
 from sim.sources import ClientSource, Source, end_request
 from sim.types import DROPPED, FAILED, OK, QUEUED, RUNNING, Policy, ReplicaView
@@ -87,6 +95,8 @@ class Dispatcher:
         self._idle_views = [ReplicaView(r, 0, p.max_concurrent_batches)
                             for r, p in enumerate(self.policies)]
         self._max_batch = max(p.max_batch_size for p in self.policies)
+        self._full = table.records == "full"  # else starts, finishes and batch ids are not kept
+        self._where = not isinstance(table.replica, Discarded)  # the serving replica is kept
 
     # -- state ------------------------------------------------------------------------------
     def free(self, replica: int) -> bool:
@@ -178,7 +188,7 @@ class Dispatcher:
             raise PolicyError(f"{policy!r} dispatched {n} requests, above its "
                               f"max_batch_size {policy.max_batch_size}")
         table = self.table
-        bid = len(self.batches.start_s)
+        bid = self.batches.next_id
         head = queue.take_head(ids)  # the queue's first n ids, all waiting: no check per id
         run = head == HEAD_RUN and n > 1
         if run:
@@ -186,9 +196,11 @@ class Dispatcher:
             end = first + n
             items = n if table.unit_size else sum(table.size[first:end])
             table.status[first:end] = constant("b", RUNNING, n)
-            table.start_s[first:end] = array("d", (now_s,)) * n
-            table.batch_id[first:end] = array(BATCH_ID, (bid,)) * n
-            table.replica[first:end] = array(REPLICA, (replica,)) * n
+            if self._full:
+                table.start_s[first:end] = array("d", (now_s,)) * n
+                table.batch_id[first:end] = array(BATCH_ID, (bid,)) * n
+            if self._where:
+                table.replica[first:end] = array(REPLICA, (replica,)) * n
         elif head != NOT_HEAD:
             items = self._mark_running(ids, replica, bid, now_s)
         else:
@@ -214,13 +226,19 @@ class Dispatcher:
         status, size, start, batch_id, where = (table.status, table.size, table.start_s,
                                                 table.batch_id, table.replica)
         items = 0
-        for rid in ids:
+        if self._full:
+            for rid in ids:
+                status[rid] = RUNNING
+                items += size[rid]
+                start[rid] = now_s
+                batch_id[rid] = bid
+                where[rid] = replica
+            return items
+        for rid in ids:  # a summary-only run: the batch knows its start
             status[rid] = RUNNING
-            items += size[rid]
-            start[rid] = now_s
-            batch_id[rid] = bid
-            where[rid] = replica
-        return items
+            if self._where:
+                where[rid] = replica
+        return len(ids) if table.unit_size else sum(size[rid] for rid in ids)
 
     def _mark_running_checked(self, policy: Policy, queue: RequestQueue,
                               ids: tuple[int, ...], replica: int, bid: int,
@@ -252,18 +270,28 @@ class Dispatcher:
         ids = batch.request_ids
         n = len(ids)
         ended: Sequence[int]
+        sink = table.sink
         if batch.run and status[ids[0]:ids[0] + n] == constant("b", RUNNING, n):
             first = ids[0]
             status[first:first + n] = constant("b", outcome, n)
-            finish[first:first + n] = array("d", (now_s,)) * n
             ended = ids
-        else:
+            if sink is None:
+                finish[first:first + n] = array("d", (now_s,)) * n
+            else:
+                sink.ended_run(first, n, batch.start_s, now_s, outcome)
+        elif sink is None:
             ended = []
             for rid in ids:
                 if status[rid] == RUNNING:
                     status[rid] = outcome
                     finish[rid] = now_s
                     ended.append(rid)
+        else:
+            ended = [rid for rid in ids if status[rid] == RUNNING]
+            for rid in ended:
+                status[rid] = outcome
+            if ended:
+                sink.ended(ended, batch.start_s, now_s, outcome)
         if error is not None:
             for rid in ended:
                 table.reasons[rid] = error

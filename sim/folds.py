@@ -15,7 +15,6 @@ time order.
 from __future__ import annotations
 
 import math
-from array import array
 from typing import Any
 
 import numpy as np
@@ -25,20 +24,36 @@ IN_FLIGHT, OK_CODE = 0, 1
 N_CATEGORIES = 6
 
 
-def _samples() -> array:  # type: ignore[type-arg]
-    return array("d")
+class Samples:
+    """A growing float64 sample buffer, allocated once at its expected ``capacity`` (pages
+    that are never written take no memory), doubled if it fills.
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        self._buf = np.empty(max(capacity, 16))
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def extend(self, values: np.ndarray) -> None:
+        """Append ``values``."""
+        k = values.size
+        if self.n + k > self._buf.size:
+            grown = np.empty(max(2 * self._buf.size, self.n + k))
+            grown[:self.n] = self._buf[:self.n]
+            self._buf = grown
+        self._buf[self.n:self.n + k] = values
+        self.n += k
+
+    def view(self) -> np.ndarray:
+        """The samples so far (a writable view of the buffer)."""
+        return self._buf[:self.n]
 
 
-def _append(buf: array, values: np.ndarray) -> None:  # type: ignore[type-arg]
-    if values.size:
-        buf.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
-
-
-def samples_view(buf: array) -> np.ndarray:  # type: ignore[type-arg]
-    """A sample buffer as a writable numpy array sharing its memory."""
-    if not len(buf):
-        return np.empty(0)
-    return np.frombuffer(buf, dtype=np.float64)
+def samples_view(buf: Samples) -> np.ndarray:
+    """A sample buffer's values (a writable view)."""
+    return buf.view()
 
 
 class RequestFold:
@@ -50,15 +65,18 @@ class RequestFold:
         slo_s: Latency objective for goodput (None: none).
         has_deadlines: Requests carry their own deadlines (goodput by deadline).
         classes: Keep a fold per request class as well.
+        capacity: How many requests are expected (sizes the sample buffers).
     """
 
     def __init__(self, lo_s: float, hi_s: float, slo_s: float | None = None,
-                 has_deadlines: bool = False, classes: bool = False) -> None:
+                 has_deadlines: bool = False, classes: bool = False,
+                 capacity: int = 0) -> None:
         self.lo_s, self.hi_s = lo_s, hi_s
         self.slo_s, self.has_deadlines = slo_s, has_deadlines
         self.counts = np.zeros(N_CATEGORIES, dtype=np.int64)  # arrivals in the window
-        self.latency_s, self.wait_s, self.service_s = _samples(), _samples(), _samples()
-        self.censored_latency_s, self.censored_wait_s = _samples(), _samples()
+        self.latency_s, self.wait_s, self.service_s = (Samples(capacity), Samples(capacity),
+                                                        Samples(capacity))
+        self.censored_latency_s, self.censored_wait_s = Samples(), Samples()
         self.completions = 0
         self.good = 0
         self.in_system_s = 0.0  # integral of the number in the system over the window
@@ -97,26 +115,27 @@ class RequestFold:
         inwin = arrival_s >= self.lo_s
         ok_any = status == OK_CODE
         ok = inwin & ok_any
-        self.counts += np.bincount(status[inwin], minlength=N_CATEGORIES)
+        self.counts += count_codes(status if bool(inwin.all()) else status[inwin],
+                                   N_CATEGORIES)
         pending = inwin & (status == IN_FLIGHT)
         all_ok = bool(ok.all())
         # one per-request temporary at a time (a long run's largest arrays)
         latency = finish_s - arrival_s
-        _append(self.latency_s, latency if all_ok else latency[ok])
+        self.latency_s.extend(latency if all_ok else latency[ok])
         del latency
         wait = start_s - arrival_s
-        _append(self.wait_s, wait if all_ok else wait[ok])
+        self.wait_s.extend(wait if all_ok else wait[ok])
         del wait
         service = finish_s - start_s
-        _append(self.service_s, service if all_ok else service[ok])
+        self.service_s.extend(service if all_ok else service[ok])
         del service
         if pending.any():
             if math.isnan(end_s):
                 raise ValueError("in-flight requests need the run's stop time (end_s)")
             arrival_pending = arrival_s[pending]
-            _append(self.censored_latency_s, end_s - arrival_pending)
+            self.censored_latency_s.extend(end_s - arrival_pending)
             started = start_s[pending]
-            _append(self.censored_wait_s,
+            self.censored_wait_s.extend(
                     np.where(np.isnan(started), end_s, started) - arrival_pending)
         self._completions(arrival_s, finish_s, ok_any, deadline_s)
         self._in_system(arrival_s, finish_s, end_s)
@@ -362,6 +381,16 @@ class QueueFold:
 
 
 CHUNK = 1 << 18  # rows per chunk where a statistic is taken in chunks
+
+
+def count_codes(codes: np.ndarray, n_codes: int) -> np.ndarray:
+    """How many of each code ``0 .. n_codes - 1`` (in chunks: ``np.bincount`` would copy
+    a whole column of small codes to 8 bytes each).
+    """
+    counts = np.zeros(n_codes, dtype=np.int64)
+    for a in range(0, codes.size, CHUNK):
+        counts += np.bincount(codes[a:a + CHUNK], minlength=n_codes)[:n_codes]
+    return counts
 
 
 def stats_ms(values_s: np.ndarray, censored: int | None = None, *,

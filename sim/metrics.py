@@ -98,7 +98,7 @@ def _stop_s(window: Window) -> float:
 def fold_requests(requests: pd.DataFrame, window: Window) -> RequestFold:
     """The request statistics of a finished run's table (one chunk)."""
     fold = RequestFold(window.warmup_s, window.horizon_s, window.slo_s, window.has_deadlines,
-                       classes="klass" in requests)
+                       classes="klass" in requests, capacity=len(requests))
     fold.add(requests["arrival_s"].to_numpy(), _floats(requests["start_s"]),
              _floats(requests["finish_s"]), status_codes(requests),
              requests["deadline_s"].to_numpy() if "deadline_s" in requests else None,
@@ -203,15 +203,14 @@ def _latency_stats(fold: RequestFold) -> tuple[dict[str, Any], float]:
     """
     latency = samples_view(fold.latency_s)
     mean_latency_s = float(latency.mean()) if latency.size else math.nan
-    del latency  # (a view would stop the buffer from growing)
     if len(fold.censored_latency_s):
-        fold.latency_s.extend(fold.censored_latency_s)
+        fold.latency_s.extend(fold.censored_latency_s.view())
     return stats_ms(samples_view(fold.latency_s), fold.censored, scratch=True), mean_latency_s
 
 
 def _wait_stats(fold: RequestFold) -> dict[str, Any]:
     if len(fold.censored_wait_s):
-        fold.wait_s.extend(fold.censored_wait_s)
+        fold.wait_s.extend(fold.censored_wait_s.view())
     return stats_ms(samples_view(fold.wait_s), fold.censored, scratch=True)
 
 

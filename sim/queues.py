@@ -45,7 +45,8 @@ class RequestQueue:
         """Enqueue a request (status must already be QUEUED)."""
         self._push(request_id)
         self.length += 1
-        self.items += self.table.size[request_id]
+        table = self.table
+        self.items += 1 if table.unit_size else table.size[request_id]
 
     def extend(self, request_ids: range, items: int) -> None:
         """Enqueue a run of consecutive requests carrying ``items`` items in total."""
@@ -57,7 +58,8 @@ class RequestQueue:
     def forget(self, request_id: int) -> None:
         """Account for a request that left (its status is already changed)."""
         self.length -= 1
-        self.items -= self.table.size[request_id]
+        table = self.table
+        self.items -= 1 if table.unit_size else table.size[request_id]
 
     def _push(self, request_id: int) -> None:
         raise NotImplementedError

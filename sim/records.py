@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.folds import count_codes
 from sim.types import QUEUED, STATUS_NAMES
 
 # Column types: sizes and counts in 32 bits, replica and queue numbers in 16.
@@ -56,29 +57,80 @@ def view(col: array, n: int) -> np.ndarray:  # type: ignore[type-arg]
         np.empty(0, dtype=np.dtype(col.typecode))
 
 
+class Discarded:
+    """A column that a summary-only run does not keep: writes go nowhere."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+    def append(self, value: object) -> None:
+        """Keep nothing."""
+
+
+class Constant:
+    """A column whose every value is the same (a summary-only run's unit sizes, zero
+    priorities, no deadlines): reads give the value, nothing is stored per request.
+    """
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __getitem__(self, key: int) -> float:
+        return self.value
+
+
+class NoReasons(dict[int, str]):
+    """The reasons of a summary-only run: not kept (the summary counts statuses)."""
+
+    def __setitem__(self, key: int, value: str) -> None:
+        pass
+
+
+RECORDS = ("full", "summary")
+
+
 class RequestTable:
     """Per-request columns, indexed by request id (ids are dense, in arrival order).
 
     Open-loop runs preload the whole arrival schedule; closed-loop runs append as clients send.
+
+    Args:
+        arrival_s: Arrival times (open loop), or None for a table that grows.
+        size: Items per request (None: one each).
+        priority: Priority levels (None: 0).
+        deadline_s: Deadlines (None: none).
+        klass: Class names (None: no classes).
+        records: ``full`` keeps every column; ``summary`` (a run that keeps only what its
+            summary needs, :mod:`sim.summary_sink`) drops the start, finish and batch
+            columns, the serving replica where there is one shared queue (``shared``), and
+            stores columns of one value as a :class:`Constant`.
+        shared: The requests wait in one shared queue (nothing reads their replica).
     """
 
     def __init__(self, arrival_s: np.ndarray | None = None, size: np.ndarray | None = None,
                  priority: np.ndarray | None = None, deadline_s: np.ndarray | None = None,
-                 klass: list[str] | None = None) -> None:
+                 klass: list[str] | None = None, *, records: str = "full",
+                 shared: bool = False) -> None:
         n = 0 if arrival_s is None else int(arrival_s.size)
-        self.arrival_s = _column("d", arrival_s, n, 0.0)
-        self.size = _column(SIZE, size, n, 1)
         self.unit_size = size is None or bool(np.all(size == 1))  # every request one item
-        self.priority = _column("b", priority, n, 0)
-        self.deadline_s = _column("d", deadline_s, n, math.inf)
-        self.start_s = _column("d", None, n, math.nan)
-        self.finish_s = _column("d", None, n, math.nan)
-        self.batch_id = _column(BATCH_ID, None, n, -1)
-        self.replica = _column(REPLICA, None, n, -1)
+        lean = records == "summary"
+        self.records = records
+        self.arrival_s = _column("d", arrival_s, n, 0.0)
+        self.size: Any = Constant(1) if lean and n and self.unit_size else \
+            _column(SIZE, size, n, 1)
+        self.priority: Any = Constant(0) if lean and n and (
+            priority is None or not bool(np.any(priority))) else _column("b", priority, n, 0)
+        self.deadline_s: Any = Constant(math.inf) if lean and n and deadline_s is None else \
+            _column("d", deadline_s, n, math.inf)
+        self.start_s: Any = Discarded() if lean else _column("d", None, n, math.nan)
+        self.finish_s: Any = Discarded() if lean else _column("d", None, n, math.nan)
+        self.batch_id: Any = Discarded() if lean else _column(BATCH_ID, None, n, -1)
+        self.replica: Any = Discarded() if lean and shared else _column(REPLICA, None, n, -1)
         self.status = _column("b", None, n, QUEUED)
         self.client: array = array(CLIENT)  # type: ignore[type-arg] # closed loop only
         self.klass = klass
-        self.reasons: dict[int, str] = {}
+        self.reasons: dict[int, str] = NoReasons() if lean else {}
+        self.sink: Any = None  # a summary-only run's sink (told of every request that ends)
         self.n = n
 
     def append(self, arrival_s: float, size: int, priority: int, deadline_s: float,
@@ -102,7 +154,7 @@ class RequestTable:
     def status_counts(self, upto: int | None = None) -> dict[str, int]:
         """Requests per status name over the first ``upto`` ids (all when None)."""
         codes = view(self.status, self.n if upto is None else upto)
-        counts = np.bincount(codes, minlength=7)
+        counts = count_codes(codes, 7)
         out: dict[str, int] = dict.fromkeys(STATUS_NAMES.values(), 0)
         for code, name in STATUS_NAMES.items():
             out[name] += int(counts[code])
@@ -146,7 +198,11 @@ class RequestTable:
 
 
 class BatchTable:
-    """Per-batch columns: batch_id, replica, start_s, finish_s, size, items, failed."""
+    """Per-batch columns: batch_id, replica, start_s, finish_s, size, items, failed.
+
+    A summary-only run folds and drops its oldest finished rows (:meth:`drop_first`): the
+    table then holds the batches from id ``base`` on.
+    """
 
     def __init__(self) -> None:
         self.replica = array(REPLICA)
@@ -155,6 +211,12 @@ class BatchTable:
         self.size = array(SIZE)
         self.items = array(SIZE)
         self.failed = array("b")
+        self.base = 0  # id of the first row kept
+
+    @property
+    def next_id(self) -> int:
+        """The id the next batch will get."""
+        return self.base + len(self.start_s)
 
     def open(self, replica: int, start_s: float, size: int, items: int) -> int:
         """Record a batch start; returns its id (finish filled in by :meth:`close`)."""
@@ -164,12 +226,19 @@ class BatchTable:
         self.size.append(size)
         self.items.append(items)
         self.failed.append(0)
-        return len(self.start_s) - 1
+        return self.base + len(self.start_s) - 1
 
     def close(self, batch_id: int, finish_s: float, failed: bool) -> None:
         """Record a batch's end."""
-        self.finish_s[batch_id] = finish_s
-        self.failed[batch_id] = 1 if failed else 0
+        self.finish_s[batch_id - self.base] = finish_s
+        self.failed[batch_id - self.base] = 1 if failed else 0
+
+    def drop_first(self, n: int) -> None:
+        """Forget the first ``n`` rows (folded already)."""
+        for col in (self.replica, self.start_s, self.finish_s, self.size, self.items,
+                    self.failed):
+            del col[:n]
+        self.base += n
 
     def to_frame(self) -> pd.DataFrame:
         """The batch table (numeric columns share memory with the records, as
@@ -210,6 +279,11 @@ class QueueSeries:
         self.time_s.extend(times_s)
         self.queue.extend(constant(REPLICA, queue, n))
         self.length.extend(range(first_length, first_length + n))
+
+    def clear(self) -> None:
+        """Forget every row (folded already)."""
+        for col in (self.time_s, self.queue, self.length):
+            del col[:]
 
     def to_frame(self) -> pd.DataFrame:
         """The queue table (sharing memory with the records)."""

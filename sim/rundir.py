@@ -3,7 +3,9 @@
 Layout: ``scenario.yaml`` (resolved), ``requests.parquet``, ``batches.parquet``,
 ``queue.parquet``, ``summary.json``, ``meta.json`` (versions, host, device, seed, driver);
 an autoscaled run adds ``replicas.parquet`` (the replica counts as a step series) and
-``fleet_events.parquet`` (every launch, ready, retire and stop).
+``fleet_events.parquet`` (every launch, ready, retire and stop). A ``records: summary``
+run writes only ``scenario.yaml``, ``summary.json`` and ``meta.json`` (``"records":
+"summary"``).
 """
 
 from __future__ import annotations
@@ -83,17 +85,20 @@ def write_table(frame: pd.DataFrame, path: Path) -> None:
 def write_run_dir(out_dir: str | Path, scenario: Scenario, requests: pd.DataFrame,
                   batches: pd.DataFrame, queue: pd.DataFrame, summary: dict[str, Any],
                   meta: dict[str, Any],
-                  fleet: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> Path:
+                  fleet: tuple[pd.DataFrame, pd.DataFrame] | None = None, *,
+                  tables: bool = True) -> Path:
     """Write a complete run directory and return its path (``fleet``: the replica series
-    and the fleet events of an autoscaled run).
+    and the fleet events of an autoscaled run; ``tables``: False for a run that kept only
+    its summary, which writes no parquet table).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scenario.yaml").write_text(scenario.to_yaml())
     write_json(out / "meta.json", meta)
-    write_table(requests, out / "requests.parquet")
-    write_table(batches, out / "batches.parquet")
-    write_table(queue, out / "queue.parquet")
+    if tables:
+        write_table(requests, out / "requests.parquet")
+        write_table(batches, out / "batches.parquet")
+        write_table(queue, out / "queue.parquet")
     if fleet is not None:
         write_table(fleet[0], out / "replicas.parquet")
         write_table(fleet[1], out / "fleet_events.parquet")

@@ -24,11 +24,12 @@ from sim.build import (
 )
 from sim.core import ClientSource, ScheduleSource, ServingCore
 from sim.engine import SimPyDriver
-from sim.metrics import summarize
-from sim.records import RequestTable
+from sim.metrics import summarize, summary_from_folds
+from sim.records import RECORDS, BatchTable, QueueSeries, RequestTable, view
 from sim.rundir import run_meta, write_run_dir
 from sim.scenario import Scenario, ScenarioError, load_scenario
-from sim.window import planned_horizon_s, window_for
+from sim.summary_sink import SummarySink
+from sim.window import has_deadlines, planned_horizon_s, window_for
 from sim.workloads import ClosedLoop
 
 
@@ -58,21 +59,28 @@ class Result:
     fleet_events: pd.DataFrame | None = None
 
     def write(self, out_dir: str | Path) -> Path:
-        """Write the run directory (scenario, parquet tables, summary.json, meta.json)."""
+        """Write the run directory (scenario, parquet tables, summary.json, meta.json; a
+        ``records: summary`` run has no tables to write).
+        """
         fleet = None if self.replicas is None or self.fleet_events is None else (
             self.replicas, self.fleet_events)
+        tables = self.meta.get("records", "full") == "full"
         return write_run_dir(out_dir, self.scenario, self.requests, self.batches, self.queue,
-                             self.summary, self.meta, fleet)
+                             self.summary, self.meta, fleet, tables=tables)
 
 
 def build_core(scenario: Scenario, streams: Streams,
-               estimate_s: Any) -> ServingCore:
-    """The serving core for a scenario (shared by the simulator and the live executor)."""
+               estimate_s: Any, records: str = "full") -> ServingCore:
+    """The serving core for a scenario (shared by the simulator and the live executor);
+    ``records``: ``full`` or ``summary`` (see :class:`sim.records.RequestTable`).
+    """
     workload = build_workload(scenario)
     slo_s = None if scenario.slo_ms is None else scenario.slo_ms / 1e3
+    router = build_router(scenario, streams.routing)
+    lean = {"records": records, "shared": router is None}
     source: ScheduleSource | ClientSource
     if isinstance(workload, ClosedLoop):
-        table = RequestTable()
+        table = RequestTable(**lean)  # type: ignore[arg-type]
         source = ClientSource(table, workload.clients, workload.think_sampler(streams.think),
                               workload.size, workload.duration_s, workload.n_requests, slo_s)
     else:
@@ -80,16 +88,18 @@ def build_core(scenario: Scenario, streams: Streams,
         classes = draw_classes(scenario, sched.arrival_s.size, streams.classes)
         if classes is not None:
             table = RequestTable(sched.arrival_s, sched.size, classes.priority,
-                                 sched.arrival_s + classes.slo_s, classes.name)
+                                 sched.arrival_s + classes.slo_s, classes.name,
+                                 **lean)  # type: ignore[arg-type]
         else:
             deadline = sched.arrival_s + slo_s if slo_s is not None else None
             table = RequestTable(sched.arrival_s, sched.size, sched.priority, deadline,
-                                 sched.klass)
+                                 sched.klass, **lean)  # type: ignore[arg-type]
         check_warmup(scenario, sched.arrival_s)
         source = ScheduleSource(table)
+        del sched
     policies = [build_policy(scenario, estimate_s) for _ in range(scenario.fleet_size)]
     timeout_s = None if scenario.queue.timeout_ms is None else scenario.queue.timeout_ms / 1e3
-    return ServingCore(table, source, policies, router=build_router(scenario, streams.routing),
+    return ServingCore(table, source, policies, router=router,
                        discipline=scenario.queue.discipline, max_len=scenario.queue.max_len,
                        timeout_s=timeout_s, estimate_s=estimate_s, fleet=build_fleet(scenario))
 
@@ -107,9 +117,24 @@ def check_warmup(scenario: Scenario, arrival_s: np.ndarray) -> None:
                             "warmup_s or send more requests")
 
 
+def summary_fallback(scenario: Scenario) -> str | None:
+    """Why a scenario's ``records: summary`` run keeps full records instead (None: it
+    does not): the autoscaling metrics read every request's table row, and a closed loop
+    bounded only by ``n_requests`` has no horizon before it ends.
+    """
+    if scenario.autoscaling is not None:
+        return "autoscaled runs keep full records (their cold-start metrics read them)"
+    if scenario.workload.kind == "closed" and getattr(scenario.workload, "duration_s",
+                                                      None) is None:
+        return ("a closed loop bounded only by n_requests keeps full records (its window "
+                "ends at the last send, unknown until then)")
+    return None
+
+
 def run(scenario: Scenario | dict[str, Any] | str | Path,
         overrides: list[str] | dict[str, Any] | None = None, *,
-        service_seed: int | None = None, drain_timeout_s: float | None = None) -> Result:
+        service_seed: int | None = None, drain_timeout_s: float | None = None,
+        records: str = "full") -> Result:
     """Simulate a scenario.
 
     Args:
@@ -121,6 +146,10 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         drain_timeout_s: Stop this long after the horizon, leaving what is still queued or
             running unfinished (censored), as a live run with the same drain timeout does.
             None: drain every request.
+        records: ``full`` keeps the request, batch and queue tables; ``summary`` keeps
+            only what the summary needs (the same summary; the tables of the result are
+            empty), for sweeps and long runs. Autoscaled runs and closed loops bounded
+            only by ``n_requests`` keep full records either way (meta.json says so).
 
     Returns:
         The :class:`Result` (same seed: identical tables and summary).
@@ -129,35 +158,67 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         ScenarioError: the scenario is invalid.
         InvariantError: requests were lost (a bug).
     """
+    if records not in RECORDS:
+        raise ScenarioError(f"records: {records!r} is not one of {list(RECORDS)}")
     scn = load_scenario(scenario, overrides)
     t0 = time.perf_counter()
+    fallback = summary_fallback(scn) if records == "summary" else None
+    kept = "full" if fallback else records
     streams = Streams.from_seed(scn.seed)
     if service_seed is not None:
         streams = dataclasses.replace(streams, service=np.random.default_rng(service_seed))
     service = build_service(scn, streams.service)
-    core = build_core(scn, streams, service.median_s)
+    core = build_core(scn, streams, service.median_s, records=kept)
+    horizon_s = planned_horizon_s(scn, core)
     until_s = None
-    if drain_timeout_s is not None and math.isfinite(planned_horizon_s(scn, core)
-                                                     + drain_timeout_s):
-        until_s = planned_horizon_s(scn, core) + drain_timeout_s
+    if drain_timeout_s is not None and math.isfinite(horizon_s + drain_timeout_s):
+        until_s = horizon_s + drain_timeout_s
+    sink = None
+    if kept == "summary":
+        sink = SummarySink(core, scn.warmup_s, horizon_s, _slo_s(scn), has_deadlines(scn))
+        core.sink = sink
     cold = build_cold_start(scn, streams.cold_start) if core.fleet is not None else None
     end_s = SimPyDriver(core, service, cold).run(until_s)
     counts = core.check_invariants()
     sim_wall_s = time.perf_counter() - t0
-    requests = core.table.to_frame(core.source.admitted)
-    batches = core.batches.to_frame()
-    queue = core.queue_series.to_frame()
-    window = window_for(scn, requests, service, end_s=end_s if until_s is not None else math.inf)
-    fleet = fleet_tables(core)
-    summary = summarize(requests, batches, queue, window, driver="sim", fleet=fleet)
+    admitted = core.source.admitted
+    stop_s = end_s if until_s is not None else math.inf
+    fleet = None
+    if sink is not None:
+        table = core.table
+        columns = {"arrival_s": view(table.arrival_s, admitted)}
+        if not hasattr(table.size, "value"):  # sizes that vary (else one item each)
+            columns["size"] = view(table.size, admitted)
+        arrivals = pd.DataFrame(columns, copy=False)
+        window = window_for(scn, arrivals, service, end_s=stop_s)
+        del arrivals
+        sink.close(end_s=stop_s if math.isfinite(stop_s) else window.horizon_s)
+        summary = summary_from_folds(sink.requests, sink.batches, sink.queue, window,
+                                     driver="sim")
+        requests = RequestTable().to_frame()
+        batches = BatchTable().to_frame()
+        queue = QueueSeries().to_frame()
+    else:
+        requests = core.table.to_frame(admitted)
+        batches = core.batches.to_frame()
+        queue = core.queue_series.to_frame()
+        window = window_for(scn, requests, service, end_s=stop_s)
+        fleet = fleet_tables(core)
+        summary = summarize(requests, batches, queue, window, driver="sim", fleet=fleet)
     meta = run_meta(scn, driver="sim", device={"kind": "simulated", "service": repr(service)},
                     extra={"end_s": end_s, "wall_s": sim_wall_s, "status_counts": counts,
                            "service_seed": service_seed, "drain_timeout_s": drain_timeout_s,
                            "drain_s": max(0.0, end_s - window.horizon_s),
-                           "requests_per_wall_s": (len(requests) / sim_wall_s
+                           "records": kept,
+                           **({"records_note": fallback} if fallback else {}),
+                           "requests_per_wall_s": (admitted / sim_wall_s
                                                    if sim_wall_s > 0 else math.nan)})
     return Result(scn, summary, requests, batches, queue, meta,
                   *(fleet if fleet is not None else (None, None)))
+
+
+def _slo_s(scenario: Scenario) -> float | None:
+    return None if scenario.slo_ms is None else scenario.slo_ms / 1e3
 
 
 def fleet_tables(core: ServingCore) -> tuple[pd.DataFrame, pd.DataFrame] | None:
@@ -165,4 +226,3 @@ def fleet_tables(core: ServingCore) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     if core.fleet is None:
         return None
     return core.fleet.log.series(), core.fleet.log.event_frame()
-

@@ -108,4 +108,6 @@ def end_request(table: RequestTable, source: Source, rid: int, status: int, time
     table.finish_s[rid] = time_s
     if reason:
         table.reasons[rid] = reason
+    if table.sink is not None:
+        table.sink.ended((rid,), math.nan, time_s, status)
     source.on_done(rid, time_s)

@@ -73,6 +73,11 @@ def horizon_s(scenario: Scenario | LlmScenario, last_arrival_s: float) -> float:
     return float(last_arrival_s)
 
 
+def has_deadlines(scenario: Scenario) -> bool:
+    """Requests carry their own deadlines (request classes with an SLO)."""
+    return bool(scenario.classes and any(c.slo_ms is not None for c in scenario.classes))
+
+
 def planned_horizon_s(scenario: Scenario, core: ServingCore) -> float:
     """The window's end as known before the run: ``duration_s``, else the last scheduled
     arrival (inf for a closed loop bounded only by ``n_requests``).
@@ -90,7 +95,8 @@ def window_for(scenario: Scenario, requests: pd.DataFrame, service: ServiceModel
 
     Args:
         scenario: The resolved scenario.
-        requests: The run's request table.
+        requests: The run's request table (``arrival_s``, and ``size`` unless every
+            request is one item).
         service: The service model (for the capacity in the stability verdict).
         end_s: When the run stopped (inf: it drained every request).
         stopped_s: A stopped live run: when it stopped admitting (ends the window early).
@@ -99,7 +105,8 @@ def window_for(scenario: Scenario, requests: pd.DataFrame, service: ServiceModel
     horizon = horizon_s(scenario, last)
     if stopped_s is not None:
         horizon = min(horizon, stopped_s)
-    mean_size = float(requests["size"].mean()) if len(requests) else 1.0
+    mean_size = float(requests["size"].mean()) if len(requests) and "size" in requests \
+        else 1.0
     return Window(
         warmup_s=scenario.warmup_s,
         horizon_s=horizon,
@@ -111,6 +118,5 @@ def window_for(scenario: Scenario, requests: pd.DataFrame, service: ServiceModel
         capacity_rps=scenario_capacity_rps(scenario, service, mean_size),
         closed_loop=scenario.workload.kind == "closed",
         bounded=sheds_load(scenario),
-        has_deadlines=bool(scenario.classes and any(c.slo_ms is not None
-                                                    for c in scenario.classes)),
+        has_deadlines=has_deadlines(scenario),
     )

@@ -25,6 +25,7 @@ import pandas as pd
 
 from calibration.errors import UserError
 from sim.metrics import ok_requests
+from sim.records import RECORDS
 from sim.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class Task:
     point: dict[str, Any]
     seed: int
     key: str
+    records: str = "summary"
 
 
 def run_task(task: Task) -> dict[str, Any]:
@@ -73,9 +75,11 @@ def run_task(task: Task) -> dict[str, Any]:
 
     row: dict[str, Any] = {"key": task.key, **task.point, "seed": task.seed, "error": ""}
     try:
-        result = run_any(task.base, overrides={**task.point, "seed": task.seed})
+        result = run_any(task.base, overrides={**task.point, "seed": task.seed},
+                         records=task.records)
         row.update(flatten(result.summary))
         row["wall_s"] = result.meta.get("wall_s")
+        row["records"] = result.meta.get("records", "full")
     except Exception as exc:  # a failing run is recorded and the sweep goes on
         row["error"] = f"{type(exc).__name__}: {exc}"
     return row
@@ -126,8 +130,10 @@ def load_any(source: Any, overrides: Any = None) -> Scenario | LlmScenario:
 
 
 def tasks_for(base: Scenario | LlmScenario, grid: Mapping[str, Sequence[Any]],
-              seeds: int | Sequence[int]) -> list[Task]:
+              seeds: int | Sequence[int], records: str = "summary") -> list[Task]:
     """The cross product of grid values and seeds (each point validated up front)."""
+    if records not in RECORDS:
+        raise ExperimentError(f"records: {records!r} is not one of {list(RECORDS)}")
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     if not seed_list:
         raise ExperimentError("seeds: need at least one")
@@ -138,7 +144,7 @@ def tasks_for(base: Scenario | LlmScenario, grid: Mapping[str, Sequence[Any]],
         point = dict(zip(keys, combo, strict=True))
         load_any(base_dict, point)  # fail fast, naming the field, before any run
         for seed in seed_list:
-            out.append(Task(base_dict, point, int(seed), _key(point, int(seed))))
+            out.append(Task(base_dict, point, int(seed), _key(point, int(seed)), records))
     return out
 
 
@@ -200,7 +206,7 @@ def _execute_dask(tasks: Sequence[Task], address: str, progress: Progress | None
 def sweep(base_scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
           grid: Mapping[str, Sequence[Any]], seeds: int | Sequence[int] = 5, *,
           workers: int | None = None, dask: str | None = None, out_dir: str | Path | None = None,
-          progress: Progress | None = None) -> pd.DataFrame:
+          progress: Progress | None = None, records: str = "summary") -> pd.DataFrame:
     """Simulate every grid point with every seed.
 
     Args:
@@ -211,13 +217,16 @@ def sweep(base_scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
         dask: Address of an existing Dask scheduler (or ``DASK_SCHEDULER_ADDRESS``).
         out_dir: Append finished rows to ``out_dir/runs.jsonl`` and skip rows already there.
         progress: Called with (finished, total).
+        records: ``summary`` (default): each run keeps only what its summary needs, so a
+            long run fits in little memory (the same numbers as ``full``; see
+            :func:`sim.run`).
 
     Returns:
         One row per run: every grid value, ``seed``, ``error`` and every summary metric
         (nested keys dotted: ``latency_ms.p99``). Sorted by grid order then seed.
     """
     base = load_any(base_scenario)
-    tasks = tasks_for(base, grid, seeds)
+    tasks = tasks_for(base, grid, seeds, records)
     order = {t.key: i for i, t in enumerate(tasks)}
     rows: dict[str, dict[str, Any]] = {}
     log: Path | None = None

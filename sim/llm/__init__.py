@@ -42,13 +42,16 @@ def load_any(source: Scenario | LlmScenario | dict[str, Any] | str | Path,
 
 
 def run_any(source: Scenario | LlmScenario | dict[str, Any] | str | Path,
-            overrides: list[str] | dict[str, Any] | None = None) -> Result | LlmResult:
-    """Simulate a request-level or an LLM scenario."""
+            overrides: list[str] | dict[str, Any] | None = None, *,
+            records: str = "full") -> Result | LlmResult:
+    """Simulate a request-level or an LLM scenario (``records``: see :func:`sim.run`; an
+    LLM run keeps full records).
+    """
     if is_llm_source(source):
         return run(source, overrides)  # type: ignore[arg-type]
     from sim.runner import run as run_requests
 
-    return run_requests(source, overrides)  # type: ignore[arg-type]
+    return run_requests(source, overrides, records=records)  # type: ignore[arg-type]
 
 
 __all__ = ["LlmResult", "LlmScenario", "StepInvariantError", "is_llm_source", "load_any",
