@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+SAMPLE_KINDS = ("latency", "wait", "service")
+
 # status categories (as in the request table's ``status`` column)
 IN_FLIGHT, OK_CODE = 0, 1
 N_CATEGORIES = 6
@@ -51,11 +53,6 @@ class Samples:
         return self._buf[:self.n]
 
 
-def samples_view(buf: Samples) -> np.ndarray:
-    """A sample buffer's values (a writable view)."""
-    return buf.view()
-
-
 class RequestFold:
     """Per-request statistics over the window ``[lo_s, hi_s]``.
 
@@ -82,6 +79,8 @@ class RequestFold:
         self.in_system_s = 0.0  # integral of the number in the system over the window
         self.rows = 0  # requests folded
         self.classes: dict[str, RequestFold] | None = {} if classes else None
+        # chunks added with keep=True: (arrival, start, finish, ok mask or None)
+        self._kept: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
 
     @property
     def arrivals(self) -> int:
@@ -95,7 +94,8 @@ class RequestFold:
 
     def add(self, arrival_s: np.ndarray, start_s: np.ndarray, finish_s: np.ndarray,
             status: np.ndarray, deadline_s: np.ndarray | None = None,
-            klass: np.ndarray | None = None, end_s: float = math.nan) -> None:
+            klass: np.ndarray | None = None, end_s: float = math.nan,
+            keep: bool = False) -> None:
         """Fold a chunk of requests.
 
         Args:
@@ -108,6 +108,9 @@ class RequestFold:
             klass: Class names per request (with ``classes``), or None.
             end_s: When the run stopped: the finish of the in-flight requests of this chunk
                 (only the last chunk may hold any).
+            keep: The arrays outlive the fold (a finished run's columns): the samples are
+                computed from them when read (:meth:`values`, one kind at a time) instead
+                of copied now.
         """
         if arrival_s.size == 0:
             return
@@ -119,16 +122,15 @@ class RequestFold:
                                    N_CATEGORIES)
         pending = inwin & (status == IN_FLIGHT)
         all_ok = bool(ok.all())
-        # one per-request temporary at a time (a long run's largest arrays)
-        latency = finish_s - arrival_s
-        self.latency_s.extend(latency if all_ok else latency[ok])
-        del latency
-        wait = start_s - arrival_s
-        self.wait_s.extend(wait if all_ok else wait[ok])
-        del wait
-        service = finish_s - start_s
-        self.service_s.extend(service if all_ok else service[ok])
-        del service
+        if keep:
+            self._kept.append((arrival_s, start_s, finish_s, None if all_ok else ok))
+        else:  # one per-request temporary at a time
+            for buf, (a, b) in zip(self._buffers(), ((finish_s, arrival_s),
+                                                     (start_s, arrival_s),
+                                                     (finish_s, start_s)), strict=True):
+                values = a - b
+                buf.extend(values if all_ok else values[ok])
+                del values
         if pending.any():
             if math.isnan(end_s):
                 raise ValueError("in-flight requests need the run's stop time (end_s)")
@@ -141,6 +143,24 @@ class RequestFold:
         self._in_system(arrival_s, finish_s, end_s)
         if self.classes is not None and klass is not None:
             self._by_class(arrival_s, start_s, finish_s, status, deadline_s, klass, end_s)
+
+    def _buffers(self) -> tuple[Samples, Samples, Samples]:
+        return self.latency_s, self.wait_s, self.service_s
+
+    def values(self, kind: str) -> np.ndarray:
+        """The ``latency``, ``wait`` or ``service`` samples (s) of the ok requests in the
+        window, in the order they were folded; the caller may overwrite them.
+        """
+        index = SAMPLE_KINDS.index(kind)
+        parts = []
+        for arrival, start, finish, ok in self._kept:
+            a, b = ((finish, arrival), (start, arrival), (finish, start))[index]
+            values = a - b
+            parts.append(values if ok is None else values[ok])
+        buf = self._buffers()[index]
+        if len(buf) or not parts:
+            parts.append(buf.view())
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _completions(self, arrival_s: np.ndarray, finish_s: np.ndarray, ok_any: np.ndarray,
                      deadline_s: np.ndarray | None) -> None:

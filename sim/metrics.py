@@ -42,7 +42,6 @@ from sim.folds import (
     BatchFold,
     QueueFold,
     RequestFold,
-    samples_view,
     stats_ms,
 )
 from sim.stability import TREND_SEGMENTS, trend_of, verdict
@@ -98,12 +97,12 @@ def _stop_s(window: Window) -> float:
 def fold_requests(requests: pd.DataFrame, window: Window) -> RequestFold:
     """The request statistics of a finished run's table (one chunk)."""
     fold = RequestFold(window.warmup_s, window.horizon_s, window.slo_s, window.has_deadlines,
-                       classes="klass" in requests, capacity=len(requests))
+                       classes="klass" in requests)
     fold.add(requests["arrival_s"].to_numpy(), _floats(requests["start_s"]),
              _floats(requests["finish_s"]), status_codes(requests),
              requests["deadline_s"].to_numpy() if "deadline_s" in requests else None,
              requests["klass"].to_numpy() if "klass" in requests else None,
-             end_s=_stop_s(window))
+             end_s=_stop_s(window), keep=True)
     return fold
 
 
@@ -192,7 +191,7 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, queue: pd.DataFrame
     if fleet is not None:
         ok = (requests["arrival_s"].to_numpy() >= lo) & status_is(requests, "ok")
         scaling = fleet_summary(requests, fleet[0], fleet[1], lo, hi,
-                                samples_view(requests_fold.latency_s).copy(), ok)
+                                requests_fold.values("latency"), ok)
     return summary_from_folds(requests_fold, fold_batches(batches, lo, hi, window.replicas),
                               fold_queue(queue, lo, hi), window, driver, scaling)
 
@@ -201,17 +200,18 @@ def _latency_stats(fold: RequestFold) -> tuple[dict[str, Any], float]:
     """Latency stats (censored requests last, with the stop time as their finish) and the
     mean latency (s) of the ok requests alone; the fold's samples are used up.
     """
-    latency = samples_view(fold.latency_s)
+    latency = fold.values("latency")
     mean_latency_s = float(latency.mean()) if latency.size else math.nan
     if len(fold.censored_latency_s):
-        fold.latency_s.extend(fold.censored_latency_s.view())
-    return stats_ms(samples_view(fold.latency_s), fold.censored, scratch=True), mean_latency_s
+        latency = np.concatenate((latency, fold.censored_latency_s.view()))
+    return stats_ms(latency, fold.censored, scratch=True), mean_latency_s
 
 
 def _wait_stats(fold: RequestFold) -> dict[str, Any]:
+    wait = fold.values("wait")
     if len(fold.censored_wait_s):
-        fold.wait_s.extend(fold.censored_wait_s.view())
-    return stats_ms(samples_view(fold.wait_s), fold.censored, scratch=True)
+        wait = np.concatenate((wait, fold.censored_wait_s.view()))
+    return stats_ms(wait, fold.censored, scratch=True)
 
 
 def summary_from_folds(requests: RequestFold, batches: BatchFold, queue: QueueFold,
@@ -232,7 +232,7 @@ def summary_from_folds(requests: RequestFold, batches: BatchFold, queue: QueueFo
     ok_n = int(requests.counts[1])
     latency_ms, mean_latency_s = _latency_stats(requests)
     queue_ms = _wait_stats(requests)
-    service_ms = stats_ms(samples_view(requests.service_s), scratch=True)
+    service_ms = stats_ms(requests.values("service"), scratch=True)
     n_batches = batches.n
     mean_batch = batches.size_sum / n_batches if n_batches else math.nan
     busy = np.array(batches.busy_s)
