@@ -138,7 +138,11 @@ def test_past_capacity_throughput_is_what_the_device_finished_and_the_probe_pred
     assert live_summary["completions"] < 0.6 * live_summary["offered_rps"] * live_summary[
         "window_s"]
     assert live_summary["censored"] > 100  # the backlog at the drain deadline
-    assert row["rel_error_stored"] == pytest.approx(1.3 - 1, abs=0.06)
+    # the stored profile predicts its own capacity, blind to the slowdown: off by about
+    # 1.3x; the bounds follow from live within 5% of 1000 / 9.75 (per-batch overhead of the
+    # executor, more on a loaded machine) and the prediction within 3% of 1000 / 7.5
+    assert row["sim_stored"] == pytest.approx(1000 / 7.5, rel=0.03)
+    assert 1.3 * 0.97 / 1.05 - 1 <= row["rel_error_stored"] <= 1.3 * 1.03 / 0.95 - 1
     assert abs(row["rel_error"]) < 0.05
 
 
