@@ -24,7 +24,8 @@ def simulate(scenario_json: str, records: str = "full") -> sim.Result:
 
 
 def run_scenario(scenario: dict[str, Any], records: str = "full") -> sim.Result | None:
-    """Validate, cap and simulate; show errors in the page (never a traceback).
+    """Validate, cap and simulate; show errors in the page (never a traceback). The pages'
+    figures read the tables, so runs keep full records whatever the scenario says;
     ``records="summary"``: the result has its summary only (for pages that plot summaries).
     """
     try:

@@ -43,10 +43,11 @@ def simulate(
         "--set", help="Override a field, e.g. --set policy.max_batch_size=16 (repeatable)."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
-    records: Annotated[str, typer.Option(
+    records: Annotated[str | None, typer.Option(
         "--records", help="full: keep the request, batch and queue tables; summary: keep "
-        "only what the summary needs (same numbers, little memory, no tables written).")
-    ] = "full",
+        "only what the summary needs (same numbers, little memory, no tables written). "
+        "Default: the scenario's records (full).")
+    ] = None,
 ) -> None:
     """Simulate SCENARIO and print a summary; with --out, write the run directory."""
     from sim.llm import StepInvariantError, run_any
@@ -97,7 +98,7 @@ def _title(name: str, meta: dict[str, object]) -> str:
 @app.command()
 def demo(out: Annotated[Path | None, typer.Option("--out", "-o")] = None) -> None:
     """Simulate the shipped dynamic-batching demo scenario and print its summary."""
-    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records="full")
+    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records=None)
 
 
 @app.command()

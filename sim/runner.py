@@ -134,7 +134,7 @@ def summary_fallback(scenario: Scenario) -> str | None:
 def run(scenario: Scenario | dict[str, Any] | str | Path,
         overrides: list[str] | dict[str, Any] | None = None, *,
         service_seed: int | None = None, drain_timeout_s: float | None = None,
-        records: str = "full") -> Result:
+        records: str | None = None) -> Result:
     """Simulate a scenario.
 
     Args:
@@ -148,8 +148,9 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
             None: drain every request.
         records: ``full`` keeps the request, batch and queue tables; ``summary`` keeps
             only what the summary needs (the same summary; the tables of the result are
-            empty), for sweeps and long runs. Autoscaled runs and closed loops bounded
-            only by ``n_requests`` keep full records either way (meta.json says so).
+            empty), for sweeps and long runs; None: the scenario's ``records``. Autoscaled
+            runs and closed loops bounded only by ``n_requests`` keep full records either
+            way (meta.json says so).
 
     Returns:
         The :class:`Result` (same seed: identical tables and summary).
@@ -158,9 +159,10 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         ScenarioError: the scenario is invalid.
         InvariantError: requests were lost (a bug).
     """
-    if records not in RECORDS:
+    if records is not None and records not in RECORDS:
         raise ScenarioError(f"records: {records!r} is not one of {list(RECORDS)}")
     scn = load_scenario(scenario, overrides)
+    records = scn.records if records is None else records
     t0 = time.perf_counter()
     fallback = summary_fallback(scn) if records == "summary" else None
     kept = "full" if fallback else records

@@ -365,6 +365,8 @@ class Scenario(_Strict):
     model: ModelCfg | None = None
     classes: list[RequestClassCfg] | None = None
     autoscaling: AutoscalingCfg | None = None
+    # full: request, batch and queue tables; summary: only what the summary needs
+    records: Literal["full", "summary"] = "full"
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Scenario:

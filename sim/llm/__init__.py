@@ -43,7 +43,7 @@ def load_any(source: Scenario | LlmScenario | dict[str, Any] | str | Path,
 
 def run_any(source: Scenario | LlmScenario | dict[str, Any] | str | Path,
             overrides: list[str] | dict[str, Any] | None = None, *,
-            records: str = "full") -> Result | LlmResult:
+            records: str | None = None) -> Result | LlmResult:
     """Simulate a request-level or an LLM scenario (``records``: see :func:`sim.run`; an
     LLM run keeps full records).
     """

@@ -102,6 +102,15 @@ def test_an_unknown_records_mode_is_refused_by_name() -> None:
         sim.run(SCENARIOS["greedy"], records="partial")
 
 
+def test_the_scenario_file_can_ask_for_summary_records() -> None:
+    lean = sim.run({**SCENARIOS["greedy"], "records": "summary"})
+    assert lean.meta["records"] == "summary" and lean.requests.empty
+    assert sim.run({**SCENARIOS["greedy"], "records": "summary"},
+                   records="full").meta["records"] == "full"  # the argument wins
+    with pytest.raises(ScenarioError, match="records: Input should be 'full' or 'summary'"):
+        sim.load_scenario({**SCENARIOS["greedy"], "records": "some"})
+
+
 def test_a_summary_run_directory_has_no_tables(tmp_path: Path) -> None:
     result = sim.run(SCENARIOS["greedy"], records="summary")
     out = result.write(tmp_path / "run")
