@@ -234,10 +234,13 @@ class BatchTable:
         self.failed[batch_id - self.base] = 1 if failed else 0
 
     def drop_first(self, n: int) -> None:
-        """Forget the first ``n`` rows (folded already)."""
-        for col in (self.replica, self.start_s, self.finish_s, self.size, self.items,
-                    self.failed):
-            del col[:n]
+        """Forget the first ``n`` rows (folded already). The columns are replaced, not
+        resized: a numpy view of the old ones may still be alive (a frame that a profiler
+        holds), and an array with a view cannot be resized.
+        """
+        self.replica, self.start_s, self.finish_s = (self.replica[n:], self.start_s[n:],
+                                                     self.finish_s[n:])
+        self.size, self.items, self.failed = self.size[n:], self.items[n:], self.failed[n:]
         self.base += n
 
     def to_frame(self) -> pd.DataFrame:
@@ -281,9 +284,10 @@ class QueueSeries:
         self.length.extend(range(first_length, first_length + n))
 
     def clear(self) -> None:
-        """Forget every row (folded already)."""
-        for col in (self.time_s, self.queue, self.length):
-            del col[:]
+        """Forget every row (folded already); new columns, as in
+        :meth:`BatchTable.drop_first`.
+        """
+        self.time_s, self.queue, self.length = array("d"), array(REPLICA), array(SIZE)
 
     def to_frame(self) -> pd.DataFrame:
         """The queue table (sharing memory with the records)."""

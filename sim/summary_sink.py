@@ -49,11 +49,14 @@ class SummarySink:
                                     classes=table.klass is not None, capacity=table.n)
         self.batches = BatchFold(lo_s, hi_s, core.n_replicas)
         self.queue = QueueFold(lo_s, hi_s, TREND_SEGMENTS)
+        self._new_buffers()
+        table.sink = self
+
+    def _new_buffers(self) -> None:
         self._rid = array("q")
         self._start_s = array("d")
         self._finish_s = array("d")
         self._status = array("b")
-        table.sink = self
 
     # -- what the core reports ---------------------------------------------------------------
     def ended_run(self, first: int, n: int, start_s: float, finish_s: float,
@@ -96,9 +99,7 @@ class SummarySink:
         rid = view(self._rid, len(self._rid))
         self._fold_requests(rid, view(self._start_s, rid.size), view(self._finish_s, rid.size),
                             _STATUS_CATEGORY[view(self._status, rid.size)], math.nan)
-        del rid
-        for buf in (self._rid, self._start_s, self._finish_s, self._status):
-            del buf[:]
+        self._new_buffers()  # (not resized: a view of the old ones may still be alive)
 
     def _fold_requests(self, rid: np.ndarray, start_s: np.ndarray, finish_s: np.ndarray,
                        status: np.ndarray, end_s: float) -> None:

@@ -190,3 +190,26 @@ def test_summarize_refuses_an_unknown_status_by_name() -> None:
     empty_queue = pd.DataFrame({"time_s": [], "queue": [], "length": []})
     with pytest.raises(ValueError, match=r"status: unknown values \['lost'\]"):
         summarize(requests, empty_batches, empty_queue, Window(0.0, 1.0, 1, 1), "sim")
+
+
+def test_views_kept_alive_elsewhere_do_not_break_the_flushes(
+        small_chunks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a profiler that samples frames (Dask's worker has one) keeps a returned frame's
+    # arguments alive: here, the numpy views each fold was given. An array.array with a
+    # live view cannot be resized, so the flushes must replace their buffers, not resize
+    from sim import folds
+
+    held: list[Any] = []
+    for cls in (folds.RequestFold, folds.BatchFold, folds.QueueFold):
+        original = cls.add
+
+        def holding(self: Any, *args: Any, _original: Any = original, **kw: Any) -> None:
+            held.append(args)
+            _original(self, *args, **kw)
+
+        monkeypatch.setattr(cls, "add", holding)
+    cfg = SCENARIOS["dynamic-request"]
+    lean = sim.run(cfg, records="summary")
+    assert len(held) > 3 * 4000 / summary_sink.FLUSH_ROWS
+    monkeypatch.undo()
+    assert not _same(sim.run(cfg).summary, lean.summary)
