@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from sim.admission import Admission
 from sim.dispatch import Batch, Dispatcher, PolicyError
@@ -122,7 +122,6 @@ class ServingCore:
             self.queue_series.record(0.0, q, 0)
         self._launch: list[int] = []
         self._stop: list[int] = []
-        self.sink: Any = None  # a summary-only run's sink (folds its records as they end)
         if fleet is not None:
             if len(fleet.state) != n:
                 raise ValueError(f"fleet has {len(fleet.state)} slots for {n} policies")
@@ -202,8 +201,8 @@ class ServingCore:
                         if replica not in consulted and running[replica] < max_running[replica]:
                             consulted.add(replica)
                             consult(replica, now_s, started)
-        if self.sink is not None:
-            self.sink.maybe_flush()
+        if self.table.sink is not None:  # a summary-only run: fold what is full
+            self.table.sink.maybe_flush()
         wake_s = self.next_wake_s()
         if fleet is None:
             return _new_step(Step, (started, wake_s, (), ()))

@@ -19,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from sim.types import STATUS_CATEGORIES
+
 SAMPLE_KINDS = ("latency", "wait", "service")
 
 # status categories (as in the request table's ``status`` column)
-IN_FLIGHT, OK_CODE = 0, 1
-N_CATEGORIES = 6
+IN_FLIGHT, OK_CODE = STATUS_CATEGORIES.index("in_flight"), STATUS_CATEGORIES.index("ok")
+N_CATEGORIES = len(STATUS_CATEGORIES)
 
 
 class Samples:
@@ -374,15 +376,10 @@ class QueueFold:
         """Fold a chunk of the queue series."""
         if time_s.size == 0:
             return
-        if not self._last and not bool(np.any(queue != queue[0])):
-            only = int(queue[0])
-            self.steps.add(time_s, length)  # one queue: its own length
+        only = int(queue[0])
+        if set(self._last) <= {only} and not bool(np.any(queue != only)):
+            self.steps.add(time_s, length)  # one queue so far: the total is its length
             self._last[only], self._total = int(length[-1]), int(length[-1])
-            return
-        if len(self._last) == 1 and not bool(np.any(queue != queue[0])) \
-                and int(queue[0]) in self._last:
-            self.steps.add(time_s, length)
-            self._last[int(queue[0])], self._total = int(length[-1]), int(length[-1])
             return
         delta = np.empty(length.size, dtype=np.int64)
         for q in np.unique(queue).tolist():

@@ -45,7 +45,7 @@ from sim.folds import (
     stats_ms,
 )
 from sim.stability import TREND_SEGMENTS, trend_of, verdict
-from sim.types import ERROR_CAUSES
+from sim.types import ERROR_CAUSES, STATUS_CATEGORIES
 from sim.window import Window
 
 __all__ = ["PERCENTILES", "busy_s", "fold_batches", "fold_queue", "fold_requests",
@@ -62,7 +62,7 @@ def _floats(col: pd.Series) -> np.ndarray:
     return col.to_numpy(dtype=float, na_value=np.nan)
 
 
-_CATEGORIES = ["in_flight", "ok", "rejected", "timed_out", "dropped", "failed"]
+_CATEGORIES = STATUS_CATEGORIES
 
 
 def status_codes(requests: pd.DataFrame) -> np.ndarray:

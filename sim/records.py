@@ -15,14 +15,13 @@ import numpy as np
 import pandas as pd
 
 from sim.folds import count_codes
-from sim.types import QUEUED, STATUS_NAMES
+from sim.types import QUEUED, STATUS_CATEGORIES, STATUS_NAMES
 
 # Column types: sizes and counts in 32 bits, replica and queue numbers in 16.
 SIZE = "i"
 BATCH_ID = "i"
 REPLICA = "h"
 CLIENT = "i"
-STATUS_CATEGORIES = ["in_flight", "ok", "rejected", "timed_out", "dropped", "failed"]
 _STATUS_CATEGORY = np.array([0, 1, 2, 3, 4, 5, 0], dtype=np.int8)  # code -> category
 
 

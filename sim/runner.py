@@ -25,11 +25,11 @@ from sim.build import (
 from sim.core import ClientSource, ScheduleSource, ServingCore
 from sim.engine import SimPyDriver
 from sim.metrics import summarize, summary_from_folds
-from sim.records import RECORDS, BatchTable, QueueSeries, RequestTable, view
+from sim.records import RECORDS, BatchTable, Constant, QueueSeries, RequestTable, view
 from sim.rundir import run_meta, write_run_dir
 from sim.scenario import Scenario, ScenarioError, load_scenario
 from sim.summary_sink import SummarySink
-from sim.window import has_deadlines, planned_horizon_s, window_for
+from sim.window import has_deadlines, planned_horizon_s, slo_s, window_for
 from sim.workloads import ClosedLoop
 
 
@@ -75,14 +75,14 @@ def build_core(scenario: Scenario, streams: Streams,
     ``records``: ``full`` or ``summary`` (see :class:`sim.records.RequestTable`).
     """
     workload = build_workload(scenario)
-    slo_s = None if scenario.slo_ms is None else scenario.slo_ms / 1e3
+    slo = slo_s(scenario)
     router = build_router(scenario, streams.routing)
     lean = {"records": records, "shared": router is None}
     source: ScheduleSource | ClientSource
     if isinstance(workload, ClosedLoop):
         table = RequestTable(**lean)  # type: ignore[arg-type]
         source = ClientSource(table, workload.clients, workload.think_sampler(streams.think),
-                              workload.size, workload.duration_s, workload.n_requests, slo_s)
+                              workload.size, workload.duration_s, workload.n_requests, slo)
     else:
         sched = workload.schedule(streams.arrivals)
         classes = draw_classes(scenario, sched.arrival_s.size, streams.classes)
@@ -91,7 +91,7 @@ def build_core(scenario: Scenario, streams: Streams,
                                  sched.arrival_s + classes.slo_s, classes.name,
                                  **lean)  # type: ignore[arg-type]
         else:
-            deadline = sched.arrival_s + slo_s if slo_s is not None else None
+            deadline = sched.arrival_s + slo if slo is not None else None
             table = RequestTable(sched.arrival_s, sched.size, sched.priority, deadline,
                                  sched.klass, **lean)  # type: ignore[arg-type]
         check_warmup(scenario, sched.arrival_s)
@@ -177,8 +177,7 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         until_s = horizon_s + drain_timeout_s
     sink = None
     if kept == "summary":
-        sink = SummarySink(core, scn.warmup_s, horizon_s, _slo_s(scn), has_deadlines(scn))
-        core.sink = sink
+        sink = SummarySink(core, scn.warmup_s, horizon_s, slo_s(scn), has_deadlines(scn))
     cold = build_cold_start(scn, streams.cold_start) if core.fleet is not None else None
     end_s = SimPyDriver(core, service, cold).run(until_s)
     counts = core.check_invariants()
@@ -189,7 +188,7 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
     if sink is not None:
         table = core.table
         columns = {"arrival_s": view(table.arrival_s, admitted)}
-        if not hasattr(table.size, "value"):  # sizes that vary (else one item each)
+        if not isinstance(table.size, Constant):  # sizes that vary (else one item each)
             columns["size"] = view(table.size, admitted)
         arrivals = pd.DataFrame(columns, copy=False)
         window = window_for(scn, arrivals, service, end_s=stop_s)
@@ -217,10 +216,6 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
                                                    if sim_wall_s > 0 else math.nan)})
     return Result(scn, summary, requests, batches, queue, meta,
                   *(fleet if fleet is not None else (None, None)))
-
-
-def _slo_s(scenario: Scenario) -> float | None:
-    return None if scenario.slo_ms is None else scenario.slo_ms / 1e3
 
 
 def fleet_tables(core: ServingCore) -> tuple[pd.DataFrame, pd.DataFrame] | None:

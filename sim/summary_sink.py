@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.folds import BatchFold, QueueFold, RequestFold
-from sim.records import _STATUS_CATEGORY, constant, view
+from sim.records import _STATUS_CATEGORY, Constant, constant, view
 from sim.stability import TREND_SEGMENTS
 from sim.types import QUEUED, RUNNING
 
@@ -106,7 +106,7 @@ class SummarySink:
         table = self.core.table
         arrival = view(table.arrival_s, table.n)[rid]
         deadline = None
-        if not hasattr(table.deadline_s, "value"):  # a real column (not a Constant)
+        if not isinstance(table.deadline_s, Constant):  # deadlines that vary
             deadline = view(table.deadline_s, table.n)[rid]
         klass = None
         if table.klass is not None:

@@ -28,6 +28,8 @@ STATUS_NAMES = {
     RUNNING: "in_flight",
 }
 ERROR_CAUSES = ("rejected", "timed_out", "dropped", "failed")
+# the status column's categories, in code order (running requests show as in_flight)
+STATUS_CATEGORIES = ["in_flight", "ok", "rejected", "timed_out", "dropped", "failed"]
 
 
 @dataclass(frozen=True, slots=True)

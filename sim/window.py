@@ -73,6 +73,11 @@ def horizon_s(scenario: Scenario | LlmScenario, last_arrival_s: float) -> float:
     return float(last_arrival_s)
 
 
+def slo_s(scenario: Scenario) -> float | None:
+    """The scenario's latency objective in seconds (None: none)."""
+    return None if scenario.slo_ms is None else scenario.slo_ms / 1e3
+
+
 def has_deadlines(scenario: Scenario) -> bool:
     """Requests carry their own deadlines (request classes with an SLO)."""
     return bool(scenario.classes and any(c.slo_ms is not None for c in scenario.classes))
@@ -112,7 +117,7 @@ def window_for(scenario: Scenario, requests: pd.DataFrame, service: ServiceModel
         horizon_s=horizon,
         replicas=scenario.fleet_size,
         max_batch_size=max_batch_size(scenario),
-        slo_s=None if scenario.slo_ms is None else scenario.slo_ms / 1e3,
+        slo_s=slo_s(scenario),
         price_per_replica_hour=scenario.price_per_replica_hour,
         end_s=end_s,
         capacity_rps=scenario_capacity_rps(scenario, service, mean_size),
