@@ -45,8 +45,9 @@ def simulate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
     records: Annotated[str | None, typer.Option(
         "--records", help="full: keep the request, batch and queue tables; summary: keep "
-        "only what the summary needs (same numbers, little memory, no tables written). "
-        "Default: the scenario's records (full).")
+        "only what the summary needs (same numbers, little memory, no tables written); "
+        "sketch: as summary, with the latency samples as a fixed-size sketch (percentiles "
+        "within a relative 3.05e-5 or 1 ns). Default: the scenario's records (full).")
     ] = None,
 ) -> None:
     """Simulate SCENARIO and print a summary; with --out, write the run directory."""
@@ -436,7 +437,8 @@ def sweep_cmd(
     ] = None,
     records: Annotated[str, typer.Option(
         "--records", help="summary (default): each run keeps only what its summary needs; "
-        "full: each keeps its tables while it runs (same numbers, more memory).")
+        "full: each keeps its tables while it runs (same numbers, more memory); sketch: "
+        "summary with fixed-size latency sketches (percentiles within a relative 3.05e-5).")
     ] = "summary",
 ) -> None:
     """Simulate every grid point with every seed; results.parquet, CSV and an HTML report.

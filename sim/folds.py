@@ -23,6 +23,14 @@ from sim.types import STATUS_CATEGORIES
 
 SAMPLE_KINDS = ("latency", "wait", "service")
 
+SKETCH_BITS = 14
+"""Mantissa bits a sketch bucket keeps: buckets are 2^-14 of a binade wide."""
+SKETCH_REL_ERROR = 2.0 ** -(SKETCH_BITS + 1)
+"""Bound on a sketch percentile's relative error (3.05e-5), above :data:`SKETCH_FLOOR_S`."""
+SKETCH_FLOOR_S = 1e-9
+"""Positive samples below this (s) share its bucket: their absolute error is below it."""
+_SHIFT = 52 - SKETCH_BITS
+
 # status categories (as in the request table's ``status`` column)
 IN_FLIGHT, OK_CODE = STATUS_CATEGORIES.index("in_flight"), STATUS_CATEGORIES.index("ok")
 N_CATEGORIES = len(STATUS_CATEGORIES)
@@ -55,6 +63,100 @@ class Samples:
         return self._buf[:self.n]
 
 
+class BinnedSamples:
+    """Non-negative samples (s) as counts in log-spaced buckets (``records: sketch``): a
+    fixed memory whatever their number, exact count, sum, minimum, maximum and zeros, and
+    percentiles within :data:`SKETCH_REL_ERROR` of the exact ones (numpy's linear method on
+    every sample) or :data:`SKETCH_FLOOR_S`, whichever is larger.
+
+    A bucket is the set of floats that share their sign, exponent and first
+    :data:`SKETCH_BITS` mantissa bits, so it spans at most ``2^-14`` of its lower end; an
+    order statistic read as its bucket's midpoint is off by at most half that, and numpy's
+    interpolation between two order statistics keeps that relative bound.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.zeros = 0
+        self.sum_s = 0.0
+        self.min_s, self.max_s = math.inf, -math.inf
+        self._base = 0  # the bucket key of _counts[0]
+        self._counts = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def extend(self, values: np.ndarray) -> None:
+        """Count ``values`` (s, none negative or NaN)."""
+        if values.size == 0:
+            return
+        low, high = float(values.min()), float(values.max())
+        if not low >= 0.0 or math.isnan(high):
+            raise ValueError(f"a sketch holds non-negative samples, got {low!r}")
+        self.n += values.size
+        self.sum_s += float(values.sum())
+        self.min_s, self.max_s = min(self.min_s, low), max(self.max_s, high)
+        positive = values[values > 0.0]
+        self.zeros += values.size - positive.size
+        if positive.size == 0:
+            return
+        keys = np.maximum(positive, SKETCH_FLOOR_S).view(np.int64) >> _SHIFT
+        self._cover(int(keys.min()), int(keys.max()))
+        self._counts += np.bincount(keys - self._base, minlength=self._counts.size)
+
+    def _cover(self, lo: int, hi: int) -> None:
+        """Grow the bucket array to hold keys ``lo .. hi``."""
+        size = self._counts.size
+        if size and self._base <= lo and hi < self._base + size:
+            return
+        base = lo if not size else min(lo, self._base)
+        end = hi if not size else max(hi, self._base + size - 1)
+        grown = np.zeros(end - base + 1, dtype=np.int64)
+        if size:
+            grown[self._base - base:self._base - base + size] = self._counts
+        self._base, self._counts = base, grown
+
+    def merged(self, other: BinnedSamples) -> BinnedSamples:
+        """A new sketch holding both sets of samples."""
+        out = BinnedSamples()
+        out.n, out.zeros = self.n + other.n, self.zeros + other.zeros
+        out.sum_s = self.sum_s + other.sum_s
+        out.min_s, out.max_s = min(self.min_s, other.min_s), max(self.max_s, other.max_s)
+        for part in (self, other):
+            if part._counts.size:
+                out._cover(part._base, part._base + part._counts.size - 1)
+                at = part._base - out._base
+                out._counts[at:at + part._counts.size] += part._counts
+        return out
+
+    def mean_s(self) -> float:
+        """The samples' mean (NaN: none)."""
+        return self.sum_s / self.n if self.n else math.nan
+
+    def percentiles_s(self, percents: list[float]) -> list[float]:
+        """The ``percents`` percentiles, as numpy's linear method indexes them."""
+        q = np.true_divide(np.asarray(percents, dtype=float), 100)
+        virtual = (self.n - 1) * q
+        previous = np.floor(virtual)
+        cum = np.cumsum(self._counts)
+        out = []
+        for h, i in zip(virtual.tolist(), previous.tolist(), strict=True):
+            a = self._order_statistic(int(i), cum)
+            b = self._order_statistic(min(int(i) + 1, self.n - 1), cum)
+            t = h - i
+            value = a + (b - a) * t if t < 0.5 else b - (b - a) * (1 - t)
+            out.append(min(max(value, self.min_s), self.max_s))
+        return out
+
+    def _order_statistic(self, rank: int, cum: np.ndarray) -> float:
+        """The ``rank``-th smallest sample (from 0), as its bucket's midpoint."""
+        if rank < self.zeros:
+            return 0.0
+        k = self._base + int(np.searchsorted(cum, rank - self.zeros, side="right"))
+        lo, hi = np.array([k << _SHIFT, (k + 1) << _SHIFT], dtype=np.int64).view(np.float64)
+        return min(max(float(lo + hi) / 2, self.min_s), self.max_s)
+
+
 class RequestFold:
     """Per-request statistics over the window ``[lo_s, hi_s]``.
 
@@ -65,17 +167,31 @@ class RequestFold:
         has_deadlines: Requests carry their own deadlines (goodput by deadline).
         classes: Keep a fold per request class as well.
         capacity: How many requests are expected (sizes the sample buffers).
+        binned: Keep the samples as :class:`BinnedSamples` (a sketch: fixed memory,
+            percentiles within a stated bound) instead of exactly.
     """
 
     def __init__(self, lo_s: float, hi_s: float, slo_s: float | None = None,
                  has_deadlines: bool = False, classes: bool = False,
-                 capacity: int = 0) -> None:
+                 capacity: int = 0, binned: bool = False) -> None:
         self.lo_s, self.hi_s = lo_s, hi_s
         self.slo_s, self.has_deadlines = slo_s, has_deadlines
+        self.binned = binned
         self.counts = np.zeros(N_CATEGORIES, dtype=np.int64)  # arrivals in the window
-        self.latency_s, self.wait_s, self.service_s = (Samples(capacity), Samples(capacity),
-                                                        Samples(capacity))
-        self.censored_latency_s, self.censored_wait_s = Samples(), Samples()
+        self.latency_s: Any
+        self.wait_s: Any
+        self.service_s: Any
+        self.censored_latency_s: Any
+        self.censored_wait_s: Any
+        if binned:
+            self.latency_s, self.wait_s, self.service_s = (BinnedSamples(), BinnedSamples(),
+                                                            BinnedSamples())
+            self.censored_latency_s, self.censored_wait_s = BinnedSamples(), BinnedSamples()
+        else:
+            self.latency_s, self.wait_s, self.service_s = (Samples(capacity),
+                                                            Samples(capacity),
+                                                            Samples(capacity))
+            self.censored_latency_s, self.censored_wait_s = Samples(), Samples()
         self.completions = 0
         self.good = 0
         self.in_system_s = 0.0  # integral of the number in the system over the window
@@ -125,6 +241,8 @@ class RequestFold:
         pending = inwin & (status == IN_FLIGHT)
         all_ok = bool(ok.all())
         if keep:
+            if self.binned:
+                raise ValueError("a binned fold copies its samples (keep=False)")
             self._kept.append((arrival_s, start_s, finish_s, None if all_ok else ok))
         else:  # one per-request temporary at a time
             for buf, (a, b) in zip(self._buffers(), ((finish_s, arrival_s),
@@ -146,13 +264,15 @@ class RequestFold:
         if self.classes is not None and klass is not None:
             self._by_class(arrival_s, start_s, finish_s, status, deadline_s, klass, end_s)
 
-    def _buffers(self) -> tuple[Samples, Samples, Samples]:
+    def _buffers(self) -> tuple[Any, Any, Any]:
         return self.latency_s, self.wait_s, self.service_s
 
     def values(self, kind: str) -> np.ndarray:
         """The ``latency``, ``wait`` or ``service`` samples (s) of the ok requests in the
         window, in the order they were folded; the caller may overwrite them.
         """
+        if self.binned:
+            raise ValueError("a binned fold keeps no samples, only their sketch")
         index = SAMPLE_KINDS.index(kind)
         parts = []
         for arrival, start, finish, ok in self._kept:
@@ -207,7 +327,8 @@ class RequestFold:
             fold = self.classes.get(str(name))
             if fold is None:
                 fold = self.classes[str(name)] = RequestFold(self.lo_s, self.hi_s, self.slo_s,
-                                                             self.has_deadlines)
+                                                             self.has_deadlines,
+                                                             binned=self.binned)
             rows = codes == i
             fold.add(arrival_s[rows], start_s[rows], finish_s[rows], status[rows],
                      None if deadline_s is None else deadline_s[rows], end_s=end_s)
@@ -425,6 +546,23 @@ def stats_ms(values_s: np.ndarray, censored: int | None = None, *,
         q = np.percentile(ms, list(PERCENTILES.values()), overwrite_input=scratch)
         out.update({k: float(v) for k, v in zip(PERCENTILES, q, strict=True)})
         out["max"] = top
+    if censored is not None:
+        out["censored"] = censored
+    return out
+
+
+def sketch_stats_ms(samples: BinnedSamples, censored: int | None = None) -> dict[str, Any]:
+    """:func:`stats_ms` of a sketch: the same keys; mean and max exact (up to the order of
+    the sum), percentiles within :data:`SKETCH_REL_ERROR` or :data:`SKETCH_FLOOR_S`.
+    """
+    out: dict[str, Any]
+    if samples.n == 0:
+        out = dict.fromkeys(("mean", *PERCENTILES, "max"), math.nan)
+    else:
+        out = {"mean": samples.sum_s * 1e3 / samples.n}
+        q = samples.percentiles_s(list(PERCENTILES.values()))
+        out.update({k: v * 1e3 for k, v in zip(PERCENTILES, q, strict=True)})
+        out["max"] = samples.max_s * 1e3
     if censored is not None:
         out["censored"] = censored
     return out

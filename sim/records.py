@@ -85,7 +85,8 @@ class NoReasons(dict[int, str]):
         pass
 
 
-RECORDS = ("full", "summary")
+RECORDS = ("full", "summary", "sketch")
+LEAN_RECORDS = ("summary", "sketch")  # modes that keep only what the summary needs
 
 
 class RequestTable:
@@ -102,7 +103,8 @@ class RequestTable:
         records: ``full`` keeps every column; ``summary`` (a run that keeps only what its
             summary needs, :mod:`sim.summary_sink`) drops the start, finish and batch
             columns, the serving replica where there is one shared queue (``shared``), and
-            stores columns of one value as a :class:`Constant`.
+            stores columns of one value as a :class:`Constant`; ``sketch`` keeps the same
+            columns as ``summary``.
         shared: The requests wait in one shared queue (nothing reads their replica).
     """
 
@@ -112,7 +114,7 @@ class RequestTable:
                  shared: bool = False) -> None:
         n = 0 if arrival_s is None else int(arrival_s.size)
         self.unit_size = size is None or bool(np.all(size == 1))  # every request one item
-        lean = records == "summary"
+        lean = records in LEAN_RECORDS
         self.records = records
         self.arrival_s = _column("d", arrival_s, n, 0.0)
         self.size: Any = Constant(1) if lean and n and self.unit_size else \

@@ -366,7 +366,7 @@ class Scenario(_Strict):
     classes: list[RequestClassCfg] | None = None
     autoscaling: AutoscalingCfg | None = None
     # full: request, batch and queue tables; summary: only what the summary needs
-    records: Literal["full", "summary"] = "full"
+    records: Literal["full", "summary", "sketch"] = "full"
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Scenario:

@@ -7,7 +7,8 @@ finish; batches and queue-length changes stay in their tables. When a buffer rea
 :data:`FLUSH_ROWS` rows it is folded into the summary's statistics (:mod:`sim.folds`, the
 same folds that summarise a full run's tables) and dropped. What stays per request is the
 exact latency, queue-wait and service samples of the ok requests (8 bytes each), which exact
-percentiles need.
+percentiles need; with ``records: sketch`` not even those, only their
+:class:`sim.folds.BinnedSamples` (a fixed size whatever the run's length).
 """
 
 from __future__ import annotations
@@ -39,14 +40,17 @@ class SummarySink:
         hi_s: The window's end (horizon; known before the run).
         slo_s: Latency objective for goodput (None: none).
         has_deadlines: Requests carry their own deadlines.
+        binned: Keep the latency samples as a sketch (``records: sketch``,
+            :class:`sim.folds.BinnedSamples`) instead of exactly.
     """
 
     def __init__(self, core: ServingCore, lo_s: float, hi_s: float, slo_s: float | None,
-                 has_deadlines: bool) -> None:
+                 has_deadlines: bool, binned: bool = False) -> None:
         self.core = core
         table = core.table
         self.requests = RequestFold(lo_s, hi_s, slo_s, has_deadlines,
-                                    classes=table.klass is not None, capacity=table.n)
+                                    classes=table.klass is not None,
+                                    capacity=0 if binned else table.n, binned=binned)
         self.batches = BatchFold(lo_s, hi_s, core.n_replicas)
         self.queue = QueueFold(lo_s, hi_s, TREND_SEGMENTS)
         self._new_buffers()

@@ -98,7 +98,7 @@ def test_sizes_and_deadlines_that_vary_are_kept(small_chunks: None, tmp_path: Pa
 
 def test_an_unknown_records_mode_is_refused_by_name() -> None:
     with pytest.raises(ScenarioError, match=r"records: 'partial' is not one of \['full', "
-                                            r"'summary'\]"):
+                                            r"'summary', 'sketch'\]"):
         sim.run(SCENARIOS["greedy"], records="partial")
 
 
@@ -107,7 +107,8 @@ def test_the_scenario_file_can_ask_for_summary_records() -> None:
     assert lean.meta["records"] == "summary" and lean.requests.empty
     assert sim.run({**SCENARIOS["greedy"], "records": "summary"},
                    records="full").meta["records"] == "full"  # the argument wins
-    with pytest.raises(ScenarioError, match="records: Input should be 'full' or 'summary'"):
+    with pytest.raises(ScenarioError,
+                       match="records: Input should be 'full', 'summary' or 'sketch'"):
         sim.load_scenario({**SCENARIOS["greedy"], "records": "some"})
 
 
