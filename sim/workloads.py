@@ -111,7 +111,9 @@ class OpenLoop:
     def schedule(self, rng: np.random.Generator) -> ArrivalSchedule:
         """Draw the arrival schedule from ``rng``."""
         times = self._clip(self._times(rng))
-        size = np.full(times.size, self.size, dtype=np.int64)
+        # one value for every request: a read-only broadcast (no memory per request), which
+        # the request table copies only where it keeps a size column
+        size = np.broadcast_to(np.int64(self.size), times.shape)
         return ArrivalSchedule(times, size, self._priorities(rng, times.size))
 
     def _priorities(self, rng: np.random.Generator, n: int) -> np.ndarray:

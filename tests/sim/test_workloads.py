@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -135,3 +136,20 @@ def test_trace_errors(tmp_path) -> None:
         Trace(str(f), timestamp_column="when")
     with pytest.raises(WorkloadError, match="size_column"):
         Trace(str(f), timestamp_column="x", size_column="nope")
+
+
+def test_a_schedule_of_one_size_keeps_no_size_column() -> None:
+    # 50M requests must fit in 2 GiB: the schedule holds arrival (8 bytes) and priority (1)
+    # per request while the request table copies it; one size for every request is a
+    # read-only broadcast, not 8 bytes more
+    n = 1_000_000
+    tracemalloc.start()
+    try:
+        sched = Poisson(1000.0, n_requests=n, size=3).schedule(np.random.default_rng(0))
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert kept <= 10 * n, kept / n
+    assert len(sched) == n and int(sched.size[-1]) == 3 and sched.size.shape == (n,)
+    with pytest.raises(ValueError, match="read-only"):
+        sched.size[0] = 2
