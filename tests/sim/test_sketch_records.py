@@ -6,8 +6,10 @@ of numpy's exact one, over the golden scenarios with and without a backlog at th
 
 from __future__ import annotations
 
+import json
 import math
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -126,6 +128,33 @@ def test_sketch_percentiles_really_differ_from_the_exact_ones() -> None:
     sketch = sim.run(cfg, records="sketch").summary["latency_ms"]
     assert any(full[p] != sketch[p] for p in PCT)
     assert full["max"] == sketch["max"] and full["censored"] == sketch["censored"]
+
+
+def test_a_sketch_sweep_and_run_directory(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+    from sim.experiments import sweep
+
+    grid = {"policy.max_batch_size": [2, 8]}
+    rows = sweep(SCENARIOS["greedy"], grid, seeds=1, workers=1, records="sketch")
+    exact = sweep(SCENARIOS["greedy"], grid, seeds=1, workers=1)
+    assert rows["records"].tolist() == ["sketch", "sketch"]
+    for key in ("latency_ms.p50", "latency_ms.p99", "queue_ms.p99"):
+        for x, y in zip(exact[key].tolist(), rows[key].tolist(), strict=True):
+            assert _within_bound(x, y, FLOOR_MS), (key, x, y)
+    assert rows["completions"].tolist() == exact["completions"].tolist()
+    path = tmp_path / "greedy.json"
+    path.write_text(json.dumps(SCENARIOS["greedy"]))
+    out = tmp_path / "run"
+    done = CliRunner().invoke(app, ["simulate", str(path), "--records", "sketch", "-q",
+                                    "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "scenario.yaml",
+                                                     "summary.json"]
+    assert json.loads((out / "meta.json").read_text())["records"] == "sketch"
+    bad = CliRunner().invoke(app, ["simulate", str(path), "--records", "sketchy"])
+    assert bad.exit_code == 2 and "'full', 'summary', 'sketch'" in bad.output
 
 
 def _peak_bytes(n: int, records: str) -> int:
