@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import sim
 import sim.summary_sink as summary_sink
 from sim.folds import PERCENTILES, SKETCH_FLOOR_S, SKETCH_REL_ERROR, BinnedSamples
 from tests.sim.golden import SCENARIOS, flat
+from tests.sim.traced import peak_traced_bytes
 
 REL = 1e-9  # sums folded in chunks (as in test_summary_records)
 PCT = tuple(PERCENTILES)
@@ -161,12 +161,7 @@ def _peak_bytes(n: int, records: str) -> int:
     cfg = {"seed": 1, "service": {"kind": "linear", "base_ms": 5, "per_item_ms": 0.5},
            "workload": {"kind": "poisson", "rate_rps": 1100, "n_requests": n},
            "policy": {"kind": "dynamic", "max_batch_size": 16, "max_wait_ms": 5}}
-    tracemalloc.start()
-    try:
-        sim.run(cfg, records=records)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    return peak_traced_bytes(cfg, records)
 
 
 def test_sketch_records_keep_about_a_dozen_bytes_per_request(

@@ -6,7 +6,6 @@ a warm-up, with a backlog at the stop (censored requests), and folding in small 
 from __future__ import annotations
 
 import math
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import sim.summary_sink as summary_sink
 from sim.metrics import fold_queue, queue_length_stats, summarize
 from sim.scenario import ScenarioError
 from tests.sim.golden import SCENARIOS, flat
+from tests.sim.traced import peak_traced_bytes
 
 # Sums folded chunk by chunk round differently from one sum over the whole column: a few
 # ulps, i.e. ~1e-16 relative, times the cancellation of a difference (Little's-law gap,
@@ -119,15 +119,6 @@ def test_a_summary_run_directory_has_no_tables(tmp_path: Path) -> None:
                                                      "summary.json"]
 
 
-def _peak_bytes(cfg: dict[str, Any], records: str) -> int:
-    tracemalloc.start()
-    try:
-        sim.run(cfg, records=records)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
 def test_summary_records_keep_a_few_dozen_bytes_per_request() -> None:
     # what a summary-only run keeps per request: arrival (8) and status (1) for the
     # simulation itself, latency, wait and service samples (24) for exact percentiles;
@@ -136,8 +127,8 @@ def test_summary_records_keep_a_few_dozen_bytes_per_request() -> None:
     cfg = {"seed": 1, "service": {"kind": "exponential", "mean_ms": 1},
            "workload": {"kind": "poisson", "rate_rps": 900, "n_requests": n},
            "policy": {"kind": "none"}}
-    lean = _peak_bytes(cfg, "summary")
-    full = _peak_bytes(cfg, "full")
+    lean = peak_traced_bytes(cfg, "summary")
+    full = peak_traced_bytes(cfg, "full")
     fixed = 8 * 2**20  # the flush buffers and the folds' chunk temporaries
     assert lean <= 40 * n + fixed, lean / n
     assert full > 2.5 * lean  # (full records: ~140 bytes per request and more)
