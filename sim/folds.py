@@ -91,7 +91,7 @@ class BinnedSamples:
         if values.size == 0:
             return
         low, high = float(values.min()), float(values.max())
-        if not low >= 0.0 or math.isnan(high):
+        if not low >= 0.0:  # (a NaN anywhere makes the minimum NaN)
             raise ValueError(f"a sketch holds non-negative samples, got {low!r}")
         self.n += values.size
         self.sum_s += float(values.sum())
@@ -178,20 +178,9 @@ class RequestFold:
         self.slo_s, self.has_deadlines = slo_s, has_deadlines
         self.binned = binned
         self.counts = np.zeros(N_CATEGORIES, dtype=np.int64)  # arrivals in the window
-        self.latency_s: Any
-        self.wait_s: Any
-        self.service_s: Any
-        self.censored_latency_s: Any
-        self.censored_wait_s: Any
-        if binned:
-            self.latency_s, self.wait_s, self.service_s = (BinnedSamples(), BinnedSamples(),
-                                                            BinnedSamples())
-            self.censored_latency_s, self.censored_wait_s = BinnedSamples(), BinnedSamples()
-        else:
-            self.latency_s, self.wait_s, self.service_s = (Samples(capacity),
-                                                            Samples(capacity),
-                                                            Samples(capacity))
-            self.censored_latency_s, self.censored_wait_s = Samples(), Samples()
+        samples: Any = (lambda _: BinnedSamples()) if binned else Samples
+        self.latency_s, self.wait_s, self.service_s = (samples(capacity) for _ in range(3))
+        self.censored_latency_s, self.censored_wait_s = samples(0), samples(0)
         self.completions = 0
         self.good = 0
         self.in_system_s = 0.0  # integral of the number in the system over the window
@@ -531,38 +520,28 @@ def count_codes(codes: np.ndarray, n_codes: int) -> np.ndarray:
     return counts
 
 
-def stats_ms(values_s: np.ndarray, censored: int | None = None, *,
+def stats_ms(values_s: np.ndarray | BinnedSamples, censored: int | None = None, *,
              scratch: bool = False) -> dict[str, Any]:
     """Mean, percentiles (numpy's linear) and max in ms (``scratch``: ``values_s`` may be
-    overwritten, which saves two copies of a long run's largest arrays).
+    overwritten, which saves two copies of a long run's largest arrays). Of a sketch: mean
+    and max exact (up to the order of the sum), percentiles within
+    :data:`SKETCH_REL_ERROR` or :data:`SKETCH_FLOOR_S`.
     """
     out: dict[str, Any]
-    if values_s.size == 0:
+    if len(values_s) == 0:
         out = dict.fromkeys(("mean", *PERCENTILES, "max"), math.nan)
     else:
-        ms = np.multiply(values_s, 1e3, out=values_s if scratch else None)
-        out = {"mean": float(ms.mean())}
-        top = float(ms.max())
-        q = np.percentile(ms, list(PERCENTILES.values()), overwrite_input=scratch)
-        out.update({k: float(v) for k, v in zip(PERCENTILES, q, strict=True)})
+        if isinstance(values_s, BinnedSamples):
+            out = {"mean": values_s.sum_s * 1e3 / values_s.n}
+            top = values_s.max_s * 1e3
+            q = [v * 1e3 for v in values_s.percentiles_s(list(PERCENTILES.values()))]
+        else:
+            ms = np.multiply(values_s, 1e3, out=values_s if scratch else None)
+            out = {"mean": float(ms.mean())}
+            top = float(ms.max())
+            q = np.percentile(ms, list(PERCENTILES.values()), overwrite_input=scratch).tolist()
+        out.update(zip(PERCENTILES, q, strict=True))
         out["max"] = top
-    if censored is not None:
-        out["censored"] = censored
-    return out
-
-
-def sketch_stats_ms(samples: BinnedSamples, censored: int | None = None) -> dict[str, Any]:
-    """:func:`stats_ms` of a sketch: the same keys; mean and max exact (up to the order of
-    the sum), percentiles within :data:`SKETCH_REL_ERROR` or :data:`SKETCH_FLOOR_S`.
-    """
-    out: dict[str, Any]
-    if samples.n == 0:
-        out = dict.fromkeys(("mean", *PERCENTILES, "max"), math.nan)
-    else:
-        out = {"mean": samples.sum_s * 1e3 / samples.n}
-        q = samples.percentiles_s(list(PERCENTILES.values()))
-        out.update({k: v * 1e3 for k, v in zip(PERCENTILES, q, strict=True)})
-        out["max"] = samples.max_s * 1e3
     if censored is not None:
         out["censored"] = censored
     return out

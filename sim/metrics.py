@@ -42,7 +42,6 @@ from sim.folds import (
     BatchFold,
     QueueFold,
     RequestFold,
-    sketch_stats_ms,
     stats_ms,
 )
 from sim.stability import TREND_SEGMENTS, trend_of, verdict
@@ -203,7 +202,7 @@ def _latency_stats(fold: RequestFold) -> tuple[dict[str, Any], float]:
     """
     if fold.binned:
         sketch = fold.latency_s
-        return (sketch_stats_ms(sketch.merged(fold.censored_latency_s), fold.censored),
+        return (stats_ms(sketch.merged(fold.censored_latency_s), fold.censored),
                 sketch.mean_s())
     latency = fold.values("latency")
     mean_latency_s = float(latency.mean()) if latency.size else math.nan
@@ -214,7 +213,7 @@ def _latency_stats(fold: RequestFold) -> tuple[dict[str, Any], float]:
 
 def _wait_stats(fold: RequestFold) -> dict[str, Any]:
     if fold.binned:
-        return sketch_stats_ms(fold.wait_s.merged(fold.censored_wait_s), fold.censored)
+        return stats_ms(fold.wait_s.merged(fold.censored_wait_s), fold.censored)
     wait = fold.values("wait")
     if len(fold.censored_wait_s):
         wait = np.concatenate((wait, fold.censored_wait_s.view()))
@@ -239,8 +238,8 @@ def summary_from_folds(requests: RequestFold, batches: BatchFold, queue: QueueFo
     ok_n = int(requests.counts[1])
     latency_ms, mean_latency_s = _latency_stats(requests)
     queue_ms = _wait_stats(requests)
-    service_ms = (sketch_stats_ms(requests.service_s) if requests.binned else
-                  stats_ms(requests.values("service"), scratch=True))
+    service_ms = stats_ms(requests.service_s if requests.binned else
+                          requests.values("service"), scratch=True)
     n_batches = batches.n
     mean_batch = batches.size_sum / n_batches if n_batches else math.nan
     busy = np.array(batches.busy_s)

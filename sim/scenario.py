@@ -365,7 +365,8 @@ class Scenario(_Strict):
     model: ModelCfg | None = None
     classes: list[RequestClassCfg] | None = None
     autoscaling: AutoscalingCfg | None = None
-    # full: request, batch and queue tables; summary: only what the summary needs
+    # full: request, batch and queue tables; summary: only what the summary needs;
+    # sketch: summary with the latency samples as fixed-size sketches
     records: Literal["full", "summary", "sketch"] = "full"
 
     @model_validator(mode="after")
