@@ -102,6 +102,49 @@ def demo(out: Annotated[Path | None, typer.Option("--out", "-o")] = None) -> Non
     simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records=None)
 
 
+@app.command("compile")
+def compile_cmd(
+    clean: Annotated[bool, typer.Option(
+        "--clean", help="Remove the compiled build: plain Python again.")] = False,
+    status: Annotated[bool, typer.Option(
+        "--status", help="Say whether a build is present and current; change nothing.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show mypyc's output.")] = False,
+) -> None:
+    """Compile the simulator's hot path with mypyc (optional: needs mypy and a C compiler).
+
+    The same sources run compiled, with the same output for the same seed; without a build,
+    after --clean, or when a source changed since the build, everything runs as plain Python.
+    """
+    from sim import native
+
+    if status:
+        present, stale = native.extension_paths(), native.stale_modules()
+        if not present:
+            console.print("compiled build: none (plain Python)")
+        elif stale:
+            console.print(f"compiled build: stale, not used (changed: {', '.join(stale)}); "
+                          "run `servelab compile` again")
+        else:
+            console.print(f"compiled build: current, {len(native.MODULES)} modules "
+                          f"({', '.join(native.MODULES)})")
+        return
+    if clean:
+        removed = native.clean()
+        console.print(f"removed {len(removed)} compiled files: plain Python" if removed
+                      else "no compiled build to remove")
+        return
+    console.print(f"compiling {len(native.MODULES)} modules with mypyc (a minute or two)...")
+    try:
+        built = native.build(verbose=verbose)
+    except native.BuildError as exc:
+        message = str(exc)
+        head, _, detail = message.partition("\n")
+        if detail:
+            err_console.print(escape(detail), highlight=False)
+        fail(head)
+    console.print(f"compiled {len(built)} files; `servelab compile --clean` removes them")
+
+
 @app.command()
 def scenarios() -> None:
     """List the shipped scenarios and profiles (usable as builtin:NAME)."""

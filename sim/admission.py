@@ -60,8 +60,9 @@ class Admission:
         # open loop, one shared queue, no admission limits: runs of arrivals go in at once
         self._bulk = (router is None and max_len is None and timeout_s is None
                       and isinstance(source, ScheduleSource))
-        if self._bulk:
-            self.admit_until = self._admit_bulk  # type: ignore[method-assign]
+        self.admit: Callable[[float], frozenset[int] | set[int]] = \
+            self._admit_bulk if self._bulk else self._admit_each
+        """:meth:`admit_until` without a call in between (the core's hot path)."""
 
     def admit_until(self, now_s: float) -> frozenset[int] | set[int]:
         """Apply every arrival and expiry up to ``now_s`` in time order.
@@ -69,6 +70,9 @@ class Admission:
         Returns:
             The queues that received requests.
         """
+        return self.admit(now_s)
+
+    def _admit_each(self, now_s: float) -> frozenset[int] | set[int]:
         touched: set[int] = set()
         source, timeout_s = self.source, self.timeout_s
         while True:

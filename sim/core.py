@@ -145,7 +145,7 @@ class ServingCore:
         Returns:
             The batches to start now, when to call again, and replicas to launch or stop.
         """
-        admit, dispatcher, fleet = self.admission.admit_until, self.dispatcher, self.fleet
+        admit, dispatcher, fleet = self.admission.admit, self.dispatcher, self.fleet
         freed: list[int] = []
         early: set[int] | frozenset[int] = _NONE  # queues fed before an earlier event
         admitted_s = -math.inf  # arrivals are applied up to here

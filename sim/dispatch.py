@@ -12,6 +12,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sim.errors import PolicyError
 from sim.queues import HEAD_RUN, NOT_HEAD, RequestQueue
 from sim.records import (
     BATCH_ID,
@@ -26,9 +27,7 @@ from sim.routing import ReplicaLoad
 from sim.sources import ClientSource, Source, end_request
 from sim.types import DROPPED, FAILED, OK, QUEUED, RUNNING, Policy, ReplicaView
 
-
-class PolicyError(RuntimeError):
-    """A policy returned a decision that breaks the contract (a bug in the policy)."""
+__all__ = ["Batch", "Dispatcher", "PolicyError"]
 
 
 @dataclass(slots=True)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sim.errors import InvariantError
 from sim.queues import RequestQueue
 from sim.records import RequestTable
 
-
-class InvariantError(RuntimeError):
-    """Requests were lost or double-counted (a bug in a driver or the core)."""
+__all__ = ["InvariantError", "check_invariants"]
 
 
 def check_invariants(table: RequestTable, admitted: int, queues: Sequence[RequestQueue],

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim import native
 from sim.scenario import Scenario
 
 _PACKAGES = ("servelab", "simpy", "numpy", "pandas", "pyarrow", "pydantic", "torch")
@@ -46,6 +47,7 @@ def run_meta(scenario: Scenario, driver: str, device: dict[str, Any],
         "seed": scenario.seed,
         "device": device,
         "versions": versions(),
+        "compiled": native.compiled_modules(),
         "host": {"name": platform.node(), "platform": platform.platform(),
                  "processor": platform.processor() or platform.machine()},
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),

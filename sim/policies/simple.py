@@ -9,7 +9,7 @@ from __future__ import annotations
 from sim.types import WAIT, Decision, QueueView, ReplicaView
 
 
-def _check_batch_size(name: str, value: int) -> int:
+def _check_batch_size(name: str, value: float) -> int:
     if int(value) != value or value < 1:
         raise ValueError(f"policy.{name}: must be an integer >= 1, got {value!r}")
     return int(value)
