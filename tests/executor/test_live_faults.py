@@ -222,8 +222,11 @@ def test_policy_and_invariant_errors_exit_3_in_one_line_from_every_driver(
             "live": ["live", str(scenario), "--force"],
             "compare": ["compare", str(scenario), "--out", str(tmp_path / "cmp"),
                         "--repeats", "1", "--probe", "off"]}[command]
+    # plain Python even with a compiled build present: the check is injected by patching a
+    # module global, which compiled code does not look up
     proc = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, error, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SERVELAB_PURE_PYTHON": "1"})
     assert proc.returncode == 3, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: internal check failed"), proc.stderr
