@@ -45,8 +45,8 @@ print(json.dumps({"sim": sim.__file__, "compiled": native.compiled_modules(),
 PROBE = """
 import json, sim
 from sim import native
-print(json.dumps({"compiled": native.compiled_modules(),
-                  "ok": sim.run("builtin:dyn-demo", overrides={"workload.duration_s": 15}).summary["ok"]}))
+result = sim.run("builtin:dyn-demo", overrides={"workload.duration_s": 15})
+print(json.dumps({"compiled": native.compiled_modules(), "ok": result.summary["ok"]}))
 """
 
 
