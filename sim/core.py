@@ -182,25 +182,24 @@ class ServingCore:
         started: list[Batch] = []
         if dispatch:
             running, max_running = dispatcher.running, dispatcher.max_running
-            consult = self._consult
             if len(freed) == 1 and not touched and self._min_wake_s > now_s:
-                consult(freed[0], now_s, started)  # the common case: one finish, nothing new
+                self._consult(freed[0], now_s, started)  # the common case: one finish, nothing new
             else:
                 consulted: set[int] = set()
                 for replica in freed:
                     if replica not in consulted:
                         consulted.add(replica)
-                        consult(replica, now_s, started)
+                        self._consult(replica, now_s, started)
                 if self._min_wake_s <= now_s:
                     for replica, due_s in enumerate(self.wake_at_s):
                         if due_s <= now_s and replica not in consulted:
                             consulted.add(replica)
-                            consult(replica, now_s, started)
+                            self._consult(replica, now_s, started)
                 for q in sorted(touched) if len(touched) > 1 else touched:
                     for replica in self.replicas_of[q]:
                         if replica not in consulted and running[replica] < max_running[replica]:
                             consulted.add(replica)
-                            consult(replica, now_s, started)
+                            self._consult(replica, now_s, started)
         if self.table.sink is not None:  # a summary-only run: fold what is full
             self.table.sink.maybe_flush()
         wake_s = self.next_wake_s()
@@ -278,9 +277,8 @@ class ServingCore:
             raise InvariantError(f"replica {replica} is {self.fleet.state[replica]} but "
                                  "could take a batch")
         wake_at = self.wake_at_s
-        decide = dispatcher.decide
         while running[replica] < max_running[replica]:
-            batch, wake_s = decide(replica, now_s)
+            batch, wake_s = dispatcher.decide(replica, now_s)
             if batch is None:
                 self._set_wake(replica, math.inf if wake_s is None else wake_s)
                 return

@@ -30,7 +30,7 @@ from sim.types import DROPPED, FAILED, OK, QUEUED, RUNNING, Policy, ReplicaView
 __all__ = ["Batch", "Dispatcher", "PolicyError"]
 
 
-@dataclass(slots=True)
+@dataclass
 class Batch:
     """A dispatched batch.
 
