@@ -43,10 +43,13 @@ print(json.dumps({"sim": sim.__file__, "compiled": native.compiled_modules(),
 """
 
 PROBE = """
-import json, sim
+import json, pathlib, tempfile, sim
 from sim import native
 result = sim.run("builtin:dyn-demo", overrides={"workload.duration_s": 15})
-print(json.dumps({"compiled": native.compiled_modules(), "ok": result.summary["ok"]}))
+with tempfile.TemporaryDirectory() as tmp:
+    meta = json.loads((result.write(pathlib.Path(tmp) / "run") / "meta.json").read_text())
+print(json.dumps({"compiled": native.compiled_modules(), "meta": meta["compiled"],
+                  "ok": result.summary["ok"]}))
 """
 
 
@@ -82,9 +85,10 @@ def test_the_compiled_build_runs_the_golden_scenarios_and_falls_back_when_stale(
     assert got["summary_records_same"]
 
     pure = _last_json(_python(PROBE, tmp_path, SERVELAB_PURE_PYTHON="1"))
-    assert pure["compiled"] == []
+    assert pure["compiled"] == [] and pure["meta"] == []
     compiled = _last_json(_python(PROBE, tmp_path))
     assert compiled["compiled"] == list(native.MODULES) and compiled["ok"] == pure["ok"]
+    assert compiled["meta"] == list(native.MODULES)  # the run directory says it ran compiled
 
     # a source edited after the build: the build is not used, and the user is told
     queues = tmp_path / "sim" / "queues.py"
