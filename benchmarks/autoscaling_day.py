@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim.experiments.day import DAY_CONFIGS, compare_day, day_scenario  # noqa: E402
-from sim.rundir import versions  # noqa: E402
+from sim.metrics.rundir import versions  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 COLUMNS = ["cost_per_million_usd", "p50_ms", "p99_ms", "goodput_share", "replicas_mean",

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from calibration.cold_start import measure_load  # noqa: E402
 from calibration.profile import load_profile  # noqa: E402
 from executor.compare import compare  # noqa: E402
-from sim.rundir import versions  # noqa: E402
+from sim.metrics.rundir import versions  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

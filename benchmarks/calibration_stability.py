@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from calibration.measure import calibrate, parse_batch_sizes  # noqa: E402
+from calibration.model_runners import build_runner  # noqa: E402
 from calibration.profile import profile_summary  # noqa: E402
-from calibration.runners import build_runner  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from calibration.runners import build_runner  # noqa: E402
+from calibration.model_runners import build_runner  # noqa: E402
 
 BLOCKS = [("back to back", 0.0), ("each after 5 ms idle", 0.005),
           ("each after 30 ms idle", 0.03), ("each after 200 ms idle", 0.2),

@@ -40,10 +40,10 @@ from executor.compare import (  # noqa: E402
     probed_scenario,
     rate_for_utilization,
 )
+from executor.live_requests import default_runners, live  # noqa: E402
 from executor.probe import probe  # noqa: E402
-from executor.run import default_runners, live  # noqa: E402
 from executor.testing import ReplayRunner  # noqa: E402
-from sim.scenario import load_scenario  # noqa: E402
+from sim.scenario.schema import load_scenario  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

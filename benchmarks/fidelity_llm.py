@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from executor.llm_compare import sweep_llm  # noqa: E402
+from executor.compare_llm import sweep_llm  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 POLICIES: dict[str, dict[str, Any]] = {
@@ -61,8 +61,8 @@ def replay(args: argparse.Namespace) -> None:
     """Sim against live runs on the replay stand-in (no device, no probe)."""
     import sim.llm
     from executor.compare import compare_rows
-    from executor.llm_compare import LLM_METRICS
-    from executor.llm_run import live_llm
+    from executor.compare_llm import LLM_METRICS
+    from executor.live_llm import live_llm
 
     t0 = time.perf_counter()
     rows = []
@@ -173,7 +173,8 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace,
              f"Machine: {platform.machine()}; slices of the Azure LLM conversation trace "
              "(from minute 10; prompts truncated to 1024 tokens and outputs to 256, the CPU "
              "decoder's measured grid), time-scaled to offer ρ × the configuration's "
-             "capacity (`sim.llm.load`: completions per second with a never-empty queue, on "
+             "capacity (`sim.experiments.llm_load`: completions per second with a never-empty "
+             "queue, on "
              "the profile probed at the start of each policy's sweep). "
              f"{args.repeats} live runs of {args.seconds:g} s per point; benchmark took "
              f"{took_s / 60:.1f} min. Predictions on the profile rescaled by the probes "

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sim.llm  # noqa: E402
-from sim.rundir import versions  # noqa: E402
+from sim.metrics.rundir import versions  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BUDGETS = [256, 512, 1024, 2048, 4096, 8192]

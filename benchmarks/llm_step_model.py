@@ -29,7 +29,7 @@ def measured(device: str, threads: int, reps: int) -> StepProfile:
     """A fresh measurement of the default shape on ``device``."""
     from rich.console import Console
 
-    from calibration.step_commands import run_step_calibration
+    from servelab.calibrate_llm import run_step_calibration
 
     out = RESULTS / f"llm_step_model-{device}.json"
     return run_step_calibration(device=device, dtype="fp32" if device == "cpu" else "bf16",

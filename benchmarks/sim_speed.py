@@ -166,10 +166,10 @@ def contract_floor(n: int = 300_000) -> dict[str, float]:
     import numpy as np
     import simpy
 
-    from sim.policies.simple import NoBatching
-    from sim.queues import FifoQueue
-    from sim.records import RequestTable
-    from sim.types import ReplicaView
+    from sim.serving.policies.simple import NoBatching
+    from sim.serving.queues import FifoQueue
+    from sim.serving.records import RequestTable
+    from sim.serving.types import ReplicaView
 
     delays = np.random.default_rng(1).exponential(1e-3, n).tolist()
     env = simpy.Environment()
@@ -236,7 +236,7 @@ def peak_memory_mb(n: int, records: str = "full") -> dict[str, Any]:
             f"r=run_sim(MM1,{n},{records!r})\n"
             "r['maxrss_mb']=hwm()\n"
             "print(json.dumps(r))")
-    base = (_HWM + "import json,sim,sim.runner\n"
+    base = (_HWM + "import json,sim,sim.drivers.simulate\n"
             "print(json.dumps({'maxrss_mb':hwm()}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True, env=_env(True))
@@ -249,7 +249,7 @@ def peak_memory_mb(n: int, records: str = "full") -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    from sim.rundir import versions
+    from sim.metrics.rundir import versions
 
     out = versions()
     try:
@@ -319,7 +319,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from sim import native
-    from sim.folds import SKETCH_REL_ERROR
+    from sim.metrics.folds import SKETCH_REL_ERROR
 
     if args.build:
         native.build()

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from calibration.runners import ModelRunner, build_runner
+from calibration.model_runners import ModelRunner, build_runner
 
 
 def _sync(device: str) -> None:

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from calibration.errors import UserError
 from calibration.fit import fit_curve
+from calibration.model_runners import InfeasibleBatch, ModelRunner, synchronize
 from calibration.profile import LatencyProfile
-from calibration.runners import InfeasibleBatch, ModelRunner, synchronize
+from sim.errors import UserError
 
 DEFAULT_REPS = 30
 DEFAULT_WARMUP = 3

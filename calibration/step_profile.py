@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from calibration.errors import UserError
+from sim.errors import UserError
 
 SCHEMA_VERSION = 1
 

@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from calibration.report import PALETTE
-from sim.metrics import ok_latency_s
-from sim.runner import Result
+from sim.metrics.rundir import Result
+from sim.metrics.summary import ok_latency_s
 
 TEMPLATE = "plotly"
 

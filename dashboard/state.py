@@ -11,7 +11,7 @@ import yaml
 
 import sim
 from calibration.profile import LatencyProfile, ProfileError, builtin_profiles
-from sim.scenario import ScenarioError
+from sim.scenario.schema import ScenarioError
 
 MAX_REQUESTS = 200_000
 MAX_UPLOAD_BYTES = 2_000_000
@@ -58,8 +58,8 @@ def simulate_llm(scenario_json: str) -> Any:
 
 def run_llm_scenario(scenario: dict[str, Any]) -> Any:
     """Validate and simulate an LLM scenario; show errors in the page (never a traceback)."""
-    from sim.llm.scenario import load_llm_scenario
-    from sim.workloads import WorkloadError
+    from sim.scenario.llm import load_llm_scenario
+    from sim.scenario.workloads import WorkloadError
 
     try:
         validated = load_llm_scenario(scenario)

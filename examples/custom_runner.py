@@ -1,7 +1,7 @@
 """Bring your own model: a runner factory for ``servelab calibrate --model examples.custom_runner:make_runner``.
 
 A runner is any object with ``name``, ``device``, ``payloads(n, rng)``, ``run_batch(payloads)``
-and ``describe()`` (see ``calibration.runners.ModelRunner``). ``run_batch`` must do the whole
+and ``describe()`` (see ``calibration.model_runners.ModelRunner``). ``run_batch`` must do the whole
 served path — collation, forward pass, device synchronisation — because that is what is timed
 and what the live executor will call. Raise ``InfeasibleBatch`` when a batch does not fit.
 
@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from calibration.runners import InfeasibleBatch, environment, is_oom, resolve_device, set_threads
+from calibration.model_runners import (
+    InfeasibleBatch,
+    environment,
+    is_oom,
+    resolve_device,
+    set_threads,
+)
 
 
 class TinyGRURunner:

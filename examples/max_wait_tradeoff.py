@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from examples._common import quick_from_argv, show
-from sim.runner import run
+from sim.drivers.simulate import run
 
 SERVICE = {"kind": "profile", "path": "builtin:mlp-cpu"}
 

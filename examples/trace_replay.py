@@ -15,7 +15,7 @@ import pandas as pd
 
 from calibration.profile import load_profile
 from examples._common import quick_from_argv, show
-from sim.runner import run
+from sim.drivers.simulate import run
 
 TRACE = Path(__file__).resolve().parents[1] / "servelab" / "data" / "azure_llm_2023_conv.csv"
 

@@ -19,11 +19,9 @@ import numpy as np
 import pandas as pd
 
 import sim
-from calibration.errors import UserError
+from calibration.model_runners import ModelRunner
 from calibration.profile import LatencyProfile
-from calibration.runners import ModelRunner
-from executor.probe import PROBE_MODES, drift, pooled_scale, probe, probe_sizes
-from executor.run import (
+from executor.live_requests import (
     check_live_bounds,
     default_drain_timeout_s,
     default_runners,
@@ -31,10 +29,11 @@ from executor.run import (
     replica_loader,
     scenario_profile,
 )
-from sim.rundir import write_json
-from sim.runner import Result
-from sim.scenario import Scenario, load_scenario
-from sim.stability import stability_warning
+from executor.probe import PROBE_MODES, drift, pooled_scale, probe, probe_sizes
+from sim.errors import UserError
+from sim.metrics.rundir import Result, write_json
+from sim.metrics.stability import stability_warning
+from sim.scenario.schema import Scenario, load_scenario
 
 METRICS: list[tuple[str, str]] = [
     ("throughput_rps", "throughput (req/s)"),

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from calibration.errors import UserError
+from calibration.model_runners import ModelRunner
 from calibration.profile import LatencyProfile
-from calibration.runners import ModelRunner
-from sim.scenario import Scenario
+from sim.errors import UserError
+from sim.scenario.schema import Scenario
 
 
 @dataclass(frozen=True)
@@ -160,8 +160,8 @@ def _run_batches(runner: ModelRunner, workload: dict[str, Any], policy: dict[str
     Raises:
         RuntimeError: a batch's model call failed.
     """
-    from executor.live import LiveDriver
-    from executor.run import live
+    from executor.live_requests import live
+    from executor.request_driver import LiveDriver
 
     drivers: list[LiveDriver] = []
     cfg = {"name": "probe", "seed": seed, "service": {"kind": "constant", "ms": 1.0},

@@ -87,8 +87,8 @@ class ReplayRunner:
         self._last_end = -math.inf
 
     def _fresh_service(self, seed: int) -> Any:
-        from sim.build import Streams
-        from sim.service import ProfileService
+        from sim.scenario.build import Streams
+        from sim.scenario.service import ProfileService
 
         if self.same_draws_as_seed is None:
             return ProfileService(self.profile, np.random.default_rng(seed))

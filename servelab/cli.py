@@ -11,11 +11,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from calibration.errors import UserError
 from calibration.profile import builtin_profiles
-from sim.core import InvariantError, PolicyError
-from sim.llm.scenario import LlmScenario
-from sim.scenario import Scenario, builtin_scenarios
+from sim.errors import UserError
+from sim.scenario.llm import LlmScenario
+from sim.scenario.schema import Scenario, builtin_scenarios
+from sim.serving.core import InvariantError, PolicyError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="servelab: simulate and measure model-serving policies.")
@@ -75,7 +75,7 @@ def simulate(
 
 def warn_stability(summary: dict[str, object]) -> None:
     """Print the stability verdict as a warning line when the run is not stable."""
-    from sim.stability import stability_warning
+    from sim.metrics.stability import stability_warning
 
     text = stability_warning(summary)
     if text:
@@ -192,10 +192,10 @@ def calibrate(
     With --model llm: measure a Llama-architecture decoder's step time over a grid of step
     compositions and its error on held-out steps of the Azure trace; write a step profile.
     """
-    from calibration.commands import parse_params, run_calibration
+    from servelab.calibrate import parse_params, run_calibration
 
     if model == "llm":
-        from calibration.step_commands import run_step_calibration
+        from servelab.calibrate_llm import run_step_calibration
 
         try:
             run_step_calibration(device=device, dtype=dtype, threads=threads, reps=reps,
@@ -230,7 +230,7 @@ def live_cmd(
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Run SCENARIO in real time against the real model (same policies and schedule as sim)."""
-    from executor.run import live
+    from executor.live_requests import live
 
     if on_interrupt not in ("drain", "abandon"):
         fail(f"--on-interrupt {on_interrupt!r}: allowed: drain, abandon")
@@ -283,7 +283,7 @@ def _is_llm(scenario: str) -> bool:
 def _live_llm(scenario: str, out: Path | None, set_: list[str] | None, on_interrupt: str,
               drain_timeout_s: float | None, max_wall_s: float, force: bool) -> None:
     """``servelab live`` for an LLM scenario: the scheduler objects on the real decoder."""
-    from executor.llm_run import live_llm
+    from executor.live_llm import live_llm
     from sim.llm import StepInvariantError
 
     try:
@@ -379,7 +379,7 @@ def _compare_llm(scenario: str, out: Path, repeats: int, set_: list[str] | None,
                  drain_timeout_s: float | None, max_wall_s: float, force: bool,
                  rhos: list[float]) -> None:
     """``servelab compare`` (and ``--sweep``) for an LLM scenario."""
-    from executor.llm_compare import compare_llm, sweep_llm
+    from executor.compare_llm import compare_llm, sweep_llm
 
     try:
         if rhos:
@@ -489,8 +489,8 @@ def sweep_cmd(
     Finished runs are appended to OUT/runs.jsonl as they complete: Ctrl-C keeps them and
     re-running with the same OUT skips them.
     """
+    from servelab.sweep_report import write_sweep_report
     from sim.experiments import parse_grid, sweep
-    from sim.experiments.report import write_sweep_report
 
     try:
         base = sim_load(scenario, set_)
@@ -549,7 +549,7 @@ def capacity_cmd(
 ) -> None:
     """The highest load at which SCENARIO holds the SLO (bracketing + bisection)."""
     from sim.experiments.capacity import capacity
-    from sim.rundir import write_json
+    from sim.metrics.rundir import write_json
 
     try:
         result = capacity(sim_load(scenario, set_), slo, over=over, seeds=seeds,
@@ -626,7 +626,7 @@ app.add_typer(profile_app, name="profile")
 def profile_show(file: Annotated[str, typer.Argument(help="Profile JSON or builtin:NAME.")]
                  ) -> None:
     """Print a profile's metadata and per-batch-size table."""
-    from calibration.commands import show_profile
+    from servelab.calibrate import show_profile
 
     try:
         show_profile(file, console)
@@ -641,7 +641,7 @@ def profile_compare(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="HTML overlay to write.")] = None,
 ) -> None:
     """Compare two profiles side by side (median ratio per batch size); optional HTML overlay."""
-    from calibration.commands import compare_profiles
+    from servelab.calibrate import compare_profiles
 
     try:
         compare_profiles(a, b, out, console)

@@ -33,10 +33,11 @@ from pathlib import Path
 from types import ModuleType
 
 MODULES = (
-    "sim.core", "sim.dispatch", "sim.queues", "sim.admission", "sim.records", "sim.sources",
-    "sim.engine", "sim.routing", "sim.fleet", "sim.invariants", "sim.summary_sink",
-    "sim.policies.simple", "sim.policies.dynamic", "sim.policies.adaptive",
-    "sim.policies.slo",
+    "sim.serving.core", "sim.serving.dispatch", "sim.serving.queues", "sim.serving.admission",
+    "sim.serving.records", "sim.serving.sources", "sim.serving.routing", "sim.serving.fleet",
+    "sim.serving.invariants", "sim.serving.policies.simple", "sim.serving.policies.dynamic",
+    "sim.serving.policies.adaptive", "sim.serving.policies.slo",
+    "sim.drivers.engine", "sim.metrics.summary_sink",
 )
 """The modules the compiled build covers (each must compile under mypyc)."""
 

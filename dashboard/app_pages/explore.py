@@ -11,7 +11,7 @@ import yaml
 from dashboard import figures
 from dashboard.state import fmt, parse_upload, profile_choice, run_scenario
 from dashboard.widgets import autoscaling_widgets, policy_widgets, workload_widgets
-from sim.stability import stability_warning
+from sim.metrics.stability import stability_warning
 
 DEFAULT_CLASSES = [
     {"name": "interactive", "share": 0.2, "priority": 0, "slo_ms": 100.0},  # level 0 first

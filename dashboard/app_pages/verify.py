@@ -9,8 +9,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import figures
-from sim.runner import Result
-from sim.scenario import load_scenario
+from sim.metrics.rundir import Result
+from sim.scenario.schema import load_scenario
 
 st.title("Verify: simulator vs the real model")
 st.caption("A `servelab compare` result: the same scenario simulated and run live; the "

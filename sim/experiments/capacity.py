@@ -17,8 +17,8 @@ from typing import Any
 import pandas as pd
 
 from sim.experiments.sweep import ExperimentError, Progress, load_any, sweep
-from sim.llm.scenario import LlmScenario
-from sim.scenario import Scenario
+from sim.scenario.llm import LlmScenario
+from sim.scenario.schema import Scenario
 
 # SLO key -> (summary column, "max" = must not exceed, "min" = must reach)
 SLO_KEYS: dict[str, tuple[str, str]] = {

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from calibration.errors import UserError
-from sim.metrics import ok_requests
-from sim.records import RECORDS
-from sim.scenario import Scenario
+from sim.errors import UserError
+from sim.metrics.summary import ok_requests
+from sim.scenario.schema import Scenario
+from sim.serving.records import RECORDS
 
 if TYPE_CHECKING:
-    from sim.llm.scenario import LlmScenario
+    from sim.scenario.llm import LlmScenario
 
 Progress = Callable[[int, int], None]  # (finished, total)
 
@@ -310,7 +310,7 @@ def batch_means(scenario: Scenario | dict[str, Any] | str | Path, batches: int =
     """Confidence interval from one long run split into ``batches`` consecutive windows of
     arrivals (after warm-up): the statistic per window, then a t-interval over windows.
     """
-    from sim.runner import run
+    from sim.drivers.simulate import run
 
     result = run(scenario)
     req = ok_requests(result.requests, result.scenario.warmup_s)

@@ -15,11 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.llm.core import StepInvariantError
-from sim.llm.runner import LlmResult, run
-from sim.llm.scenario import LlmScenario, is_llm_data, load_llm_scenario
-from sim.runner import Result
-from sim.scenario import Scenario, load_scenario, read_scenario_dict
+from sim.drivers.llm_simulate import LlmResult, run
+from sim.metrics.rundir import Result
+from sim.scenario.llm import LlmScenario, is_llm_data, load_llm_scenario
+from sim.scenario.schema import Scenario, load_scenario, read_scenario_dict
+from sim.serving.llm.core import StepInvariantError
 
 
 def is_llm_source(source: Any) -> bool:
@@ -49,7 +49,7 @@ def run_any(source: Scenario | LlmScenario | dict[str, Any] | str | Path,
     """
     if is_llm_source(source):
         return run(source, overrides)  # type: ignore[arg-type]
-    from sim.runner import run as run_requests
+    from sim.drivers.simulate import run as run_requests
 
     return run_requests(source, overrides, records=records)  # type: ignore[arg-type]
 

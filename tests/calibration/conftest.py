@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calibration.runners import InfeasibleBatch
+from calibration.model_runners import InfeasibleBatch
 
 
 class FakeRunner:

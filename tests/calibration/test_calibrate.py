@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 import sim
 from calibration.fit import fit_curve
 from calibration.measure import CalibrationError, calibrate, parse_batch_sizes
+from calibration.model_runners import RunnerError, build_runner
 from calibration.profile import load_profile
-from calibration.runners import RunnerError, build_runner
 from servelab.cli import app
 
 

@@ -10,7 +10,7 @@ import pytest
 import sim
 from calibration.measure import calibrate
 from calibration.profile import LatencyProfile, ProfileError, load_profile
-from sim.service import ProfileService
+from sim.scenario.service import ProfileService
 from tests.calibration.conftest import FakeRunner
 
 

@@ -13,7 +13,7 @@ from calibration.profile import LatencyProfile, ProfileError, load_profile
 from executor.compare import compare, compare_rows, mean_summary
 from executor.probe import drift, pooled_scale, probe, probe_sizes
 from executor.testing import SleepRunner
-from sim.scenario import load_scenario
+from sim.scenario.schema import load_scenario
 
 SIZES = [1, 2, 4, 8, 16]
 
@@ -217,7 +217,7 @@ def test_replay_runner_draws_cold_samples_after_an_idle_gap_like_the_simulator()
 
 
 def test_replay_of_the_same_draws_reproduces_the_simulated_run(tmp_path) -> None:
-    from executor.run import live
+    from executor.live_requests import live
     from executor.testing import ReplayRunner
 
     rng = np.random.default_rng(1)

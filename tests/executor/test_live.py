@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import sim
-from executor.run import LiveError, live
+from executor.live_requests import LiveError, live
 from executor.testing import SleepRunner
 
 PARITY = {
@@ -131,8 +131,8 @@ def test_live_smoke_with_the_real_mlp(tmp_path) -> None:
 
 def test_replicas_can_be_placed_on_a_list_of_devices() -> None:
     pytest.importorskip("torch")
-    from executor.run import default_runners
-    from sim.scenario import load_scenario
+    from executor.live_requests import default_runners
+    from sim.scenario.schema import load_scenario
 
     scn = load_scenario({**PARITY, "replicas": 3,
                          "model": {"name": "mlp", "device": ["cpu", "cpu"], "threads": 1,

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import sim
-from executor.run import live
+from executor.live_requests import live
 from executor.testing import SleepRunner, precise_sleep
 
 COLD_S = 0.3

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 import sim
-from executor.run import live
+from executor.live_requests import live
 from executor.testing import SleepRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,11 +117,11 @@ def test_the_cli_exits_1_after_writing_what_a_fatal_run_recorded(tmp_path) -> No
     scenario.write_text(yaml.safe_dump(BASE))
     out = tmp_path / "run"
     code = textwrap.dedent(f"""
-        import sys, executor.run, servelab.cli
+        import sys, executor.live_requests, servelab.cli
         from executor.testing import SleepRunner
         class Broken(SleepRunner):
             def prepare_thread(self): raise RuntimeError("no device")
-        executor.run.default_runners = lambda scn: [Broken(lambda n: 0.001)]
+        executor.live_requests.default_runners = lambda scn: [Broken(lambda n: 0.001)]
         sys.argv = ["servelab", "live", {str(scenario)!r}, "--out", {str(out)!r}, "--force"]
         servelab.cli.main()
         """)
@@ -142,7 +142,7 @@ def test_describe_raising_after_the_run_keeps_the_results() -> None:
 
 SIGINT_SCRIPT = """
 import json, sys
-from executor.run import live
+from executor.live_requests import live
 from executor.testing import SleepRunner
 cfg = {"seed": 4, "service": {"kind": "constant", "ms": 8, "deterministic": True},
        "workload": {"kind": "constant", "rate_rps": 400, "duration_s": 20},
@@ -194,19 +194,19 @@ def test_ctrl_c_through_the_real_signal_stops_at_the_stop_time(mode: str) -> Non
 
 
 CHECK_SCRIPT = """
-import sys, executor.run, executor.compare, servelab.cli
-import sim.core, sim.invariants
-from sim.policies.simple import NoBatching
-from sim.types import Decision
+import sys, executor.live_requests, executor.compare, servelab.cli
+import sim.serving.core, sim.serving.invariants
+from sim.serving.policies.simple import NoBatching
+from sim.serving.types import Decision
 from executor.testing import SleepRunner
 runners = lambda scn: [SleepRunner(lambda n: 0.001) for _ in range(scn.replicas)]
-executor.run.default_runners = executor.compare.default_runners = runners
+executor.live_requests.default_runners = executor.compare.default_runners = runners
 if sys.argv[1] == "policy":
     NoBatching.decide = lambda self, now, queue, replica: Decision(dispatch=(10**9,))
 else:
     def broken(*args, **kwargs):
-        raise sim.invariants.InvariantError("status counts do not add up (injected)")
-    sim.core.check_invariants = broken
+        raise sim.serving.invariants.InvariantError("status counts do not add up (injected)")
+    sim.serving.core.check_invariants = broken
 sys.argv = ["servelab", *sys.argv[2:]]
 servelab.cli.main()
 """

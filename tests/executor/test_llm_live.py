@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from executor.llm_run import live_llm
-from executor.run import LiveError
+from executor.live_llm import live_llm
+from executor.live_requests import LiveError
 
 TINY = {"shape": "small", "hidden": 64, "layers": 1, "heads": 2, "kv_heads": 1,
         "intermediate": 128, "vocab": 256, "max_slots": 16, "max_len": 512}
@@ -136,7 +136,7 @@ def test_compare_llm_probes_rescales_and_compares_end_to_end(tmp_path) -> None:
     from typer.testing import CliRunner
 
     from calibration.step_profile import load_step_profile
-    from executor.llm_compare import rescaled
+    from executor.compare_llm import rescaled
     from servelab.cli import app
 
     prof = load_step_profile("builtin:llm-small-cpu")

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.autoscaling import Concurrency, FleetView, Schedule, TargetOngoing
-from sim.fleet import replica_seconds
+from sim.serving.autoscaling import Concurrency, FleetView, Schedule, TargetOngoing
+from sim.serving.fleet import replica_seconds
 from tests.conftest import scenario
 
 
@@ -26,7 +26,7 @@ def trace(tmp_path: Path, times_s: list[float] | np.ndarray) -> str:
 
 
 def test_autoscaling_policies_import_neither_simpy_nor_torch() -> None:
-    import sim.autoscaling as mod
+    import sim.serving.autoscaling as mod
 
     tree = ast.parse(Path(mod.__file__).read_text())
     names = {alias.name.split(".")[0] for node in ast.walk(tree)

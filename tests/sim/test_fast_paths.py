@@ -14,15 +14,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import sim.folds as folds
-import sim.metrics as metrics
-from sim.core import ServingCore
-from sim.dispatch import PolicyError
-from sim.engine import SimPyDriver
-from sim.records import RequestTable
-from sim.service import ConstantService
-from sim.sources import ScheduleSource
-from sim.types import WAIT, Decision, QueueView, ReplicaView
+import sim.metrics.folds as folds
+import sim.metrics.summary as metrics
+from sim.drivers.engine import SimPyDriver
+from sim.scenario.service import ConstantService
+from sim.serving.core import ServingCore
+from sim.serving.dispatch import PolicyError
+from sim.serving.records import RequestTable
+from sim.serving.sources import ScheduleSource
+from sim.serving.types import WAIT, Decision, QueueView, ReplicaView
 
 
 class Scripted:

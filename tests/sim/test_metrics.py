@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.metrics import busy_s, queue_length_stats, summarize
-from sim.window import Window
+from sim.metrics.summary import busy_s, queue_length_stats, summarize
+from sim.metrics.window import Window
 
 
 def tables():

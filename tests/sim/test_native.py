@@ -91,11 +91,11 @@ def test_the_compiled_build_runs_the_golden_scenarios_and_falls_back_when_stale(
     assert compiled["meta"] == list(native.MODULES)  # the run directory says it ran compiled
 
     # a source edited after the build: the build is not used, and the user is told
-    queues = tmp_path / "sim" / "queues.py"
+    queues = tmp_path / "sim" / "serving" / "queues.py"
     queues.write_text(queues.read_text() + "\n# edited after the build\n")
     stale = _python(PROBE, tmp_path)
     assert _last_json(stale)["compiled"] == []
-    assert "compiled build is older than the source of sim.queues" in stale.stderr
+    assert "compiled build is older than the source of sim.serving.queues" in stale.stderr
 
     cleaned = _python("from sim import native; print(len(native.clean()))", tmp_path)
     assert cleaned.returncode == 0 and int(cleaned.stdout.split()[-1]) > len(native.MODULES)

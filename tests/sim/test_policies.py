@@ -7,10 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from sim.policies import AimdBatching, DynamicBatching, FixedBatch, Greedy, NoBatching, SloBatching
-from sim.queues import make_queue
-from sim.records import RequestTable
-from sim.types import RUNNING, Decision, ReplicaView
+from sim.serving.policies import (
+    AimdBatching,
+    DynamicBatching,
+    FixedBatch,
+    Greedy,
+    NoBatching,
+    SloBatching,
+)
+from sim.serving.queues import make_queue
+from sim.serving.records import RequestTable
+from sim.serving.types import RUNNING, Decision, ReplicaView
 
 FREE = ReplicaView(0)
 
@@ -204,7 +211,7 @@ def test_policy_modules_import_neither_simpy_nor_torch() -> None:
     import ast
     from pathlib import Path
 
-    import sim.policies as pkg
+    import sim.serving.policies as pkg
 
     for path in Path(pkg.__file__).parent.glob("*.py"):
         tree = ast.parse(path.read_text())

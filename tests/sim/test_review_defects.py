@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 import sim
-from sim.core import Finished, ScheduleSource, ServingCore
-from sim.policies import DynamicBatching, NoBatching
-from sim.records import RequestTable
-from sim.routing import LeastWork
+from sim.serving.core import Finished, ScheduleSource, ServingCore
+from sim.serving.policies import DynamicBatching, NoBatching
+from sim.serving.records import RequestTable
+from sim.serving.routing import LeastWork
 
 
 def trace(tmp_path: Path, rows: list[tuple[float, int]]) -> str:
@@ -154,9 +154,9 @@ def test_an_internal_bug_is_not_dressed_up_as_a_user_error(tmp_path) -> None:
                                     "workload": {"kind": "poisson", "rate_rps": 10,
                                                  "n_requests": 5},
                                     "policy": {"kind": "none"}}))
-    code = ("import sim.runner, servelab.cli, sys\n"
+    code = ("import sim.drivers.simulate, servelab.cli, sys\n"
             "def boom(*a, **k): raise ValueError('a bug, not a user error')\n"
-            "sim.runner.summarize = boom\n"
+            "sim.drivers.simulate.summarize = boom\n"
             f"sys.argv = ['servelab', 'simulate', {str(path)!r}]\n"
             "servelab.cli.main()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -152,7 +152,7 @@ def test_a_burst_in_a_short_run_below_capacity_is_not_called_unstable() -> None:
 
 
 def test_a_growing_queue_is_unstable_when_the_capacity_is_unknown() -> None:
-    from sim.stability import Trend, verdict
+    from sim.metrics.stability import Trend, verdict
 
     growing = Trend(slope_per_s=5.0, se_per_s=0.5, mean=20.0)
     unknown = verdict(offered_rps=50, capacity=float("nan"), utilization=0.9, trend=growing,

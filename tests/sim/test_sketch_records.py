@@ -1,7 +1,8 @@
 """``records: sketch``: the latency samples as fixed-size log-bucket counts. Everything but
 the percentiles equals a full-records run's summary; each percentile is within the stated
-bound (:data:`sim.folds.SKETCH_REL_ERROR` relative, or :data:`sim.folds.SKETCH_FLOOR_S`)
-of numpy's exact one, over the golden scenarios with and without a backlog at the stop.
+bound (:data:`sim.metrics.folds.SKETCH_REL_ERROR` relative, or
+:data:`sim.metrics.folds.SKETCH_FLOOR_S`) of numpy's exact one, over the golden scenarios with
+and without a backlog at the stop.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import numpy as np
 import pytest
 
 import sim
-import sim.summary_sink as summary_sink
-from sim.folds import PERCENTILES, SKETCH_FLOOR_S, SKETCH_REL_ERROR, BinnedSamples
+import sim.metrics.summary_sink as summary_sink
+from sim.metrics.folds import PERCENTILES, SKETCH_FLOOR_S, SKETCH_REL_ERROR, BinnedSamples
 from tests.sim.golden import SCENARIOS, flat
 from tests.sim.traced import peak_traced_bytes
 

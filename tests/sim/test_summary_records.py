@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 import sim
-import sim.summary_sink as summary_sink
-from sim.metrics import fold_queue, queue_length_stats, summarize
-from sim.scenario import ScenarioError
+import sim.metrics.summary_sink as summary_sink
+from sim.metrics.summary import fold_queue, queue_length_stats, summarize
+from sim.scenario.schema import ScenarioError
 from tests.sim.golden import SCENARIOS, flat
 from tests.sim.traced import peak_traced_bytes
 
@@ -157,7 +157,7 @@ def test_the_queue_fold_in_chunks_equals_the_whole() -> None:
                           "length": rng.integers(0, 30, times.size)})
     lo, hi = 3.0, 45.0
     whole = fold_queue(queue, lo, hi)
-    from sim.folds import QueueFold
+    from sim.metrics.folds import QueueFold
 
     parts = QueueFold(lo, hi, 10)
     for a in range(0, len(queue), 777):
@@ -173,7 +173,7 @@ def test_the_queue_fold_in_chunks_equals_the_whole() -> None:
 
 
 def test_summarize_refuses_an_unknown_status_by_name() -> None:
-    from sim.window import Window
+    from sim.metrics.window import Window
 
     requests = pd.DataFrame({"arrival_s": [0.0], "start_s": [0.1], "finish_s": [0.2],
                              "status": ["lost"]})
@@ -189,7 +189,7 @@ def test_views_kept_alive_elsewhere_do_not_break_the_flushes(
     # a profiler that samples frames (Dask's worker has one) keeps a returned frame's
     # arguments alive: here, the numpy views each fold was given. An array.array with a
     # live view cannot be resized, so the flushes must replace their buffers, not resize
-    from sim import folds
+    from sim.metrics import folds
 
     held: list[Any] = []
     for cls in (folds.RequestFold, folds.BatchFold, folds.QueueFold):

@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from sim.workloads import (
+from sim.scenario.workloads import (
     ClosedLoop,
     Constant,
     GammaArrivals,

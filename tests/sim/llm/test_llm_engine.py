@@ -55,9 +55,9 @@ def test_two_requests_with_chunked_prefill_step_by_step() -> None:
     cfg = scenario([0, 0], prompt={"dist": "constant", "value": 1}, output=1,
                    policy={"kind": "vllm", "num_gpu_blocks": 1000, "max_num_seqs": 8,
                            "max_num_batched_tokens": 64})
-    from sim.llm.core import LlmCore
-    from sim.llm.runner import build_scheduler, build_step_model, simulate, tables
-    from sim.llm.scenario import load_llm_scenario
+    from sim.drivers.llm_simulate import build_scheduler, build_step_model, simulate, tables
+    from sim.scenario.llm import load_llm_scenario
+    from sim.serving.llm.core import LlmCore
 
     scn = load_llm_scenario(cfg)
     core = LlmCore(np.array([0.0, 0.0]), np.array([100, 30]), np.array([3, 2]),
@@ -354,9 +354,9 @@ def test_capacity_finds_the_rate_holding_ttft_and_tpot_slos() -> None:
 
 
 def test_round_robin_replicas_are_independent_engines() -> None:
-    from sim.llm.core import LlmCore
-    from sim.llm.runner import build_scheduler, build_step_model, simulate
-    from sim.llm.scenario import load_llm_scenario
+    from sim.drivers.llm_simulate import build_scheduler, build_step_model, simulate
+    from sim.scenario.llm import load_llm_scenario
+    from sim.serving.llm.core import LlmCore
 
     cfg = scenario(prompt={"dist": "uniform", "low": 20, "high": 600},
                    output={"dist": "uniform", "low": 5, "high": 80},

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sim.experiments.llm_load import load_overrides, offered_rps, saturation_rps
 from sim.llm import run
-from sim.llm.load import load_overrides, offered_rps, saturation_rps
-from sim.llm.scenario import load_llm_scenario
-from sim.workloads import WorkloadError, data_path
+from sim.scenario.llm import load_llm_scenario
+from sim.scenario.workloads import WorkloadError, data_path
 
 AZURE = "builtin:azure_llm_2023_conv.csv"
 

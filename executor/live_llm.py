@@ -1,0 +1,255 @@
+"""``live_llm(scenario) -> LlmResult``: run an LLM scenario in real time on the real decoder.
+
+The requests (arrival times, prompt and output lengths), the scheduler objects, the core, the
+records and the metrics are the simulator's own (:func:`sim.drivers.llm_simulate.build_llm_core`,
+:func:`sim.metrics.llm.summarize_llm`), so a difference between sim and live can only come
+from step times and the engine's overheads.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from calibration.step_profile import load_step_profile
+from executor.live_requests import LiveError
+from executor.llm_driver import LiveLlmEngine, decoder_for
+from sim.drivers.llm_simulate import (
+    LlmResult,
+    build_llm_core,
+    decoder_capacity,
+    default_drain_s,
+    horizon_s,
+    llm_fleet_tables,
+    tables,
+)
+from sim.drivers.llm_simulate import run as sim_run
+from sim.metrics.llm import summarize_llm
+from sim.metrics.rundir import run_meta
+from sim.scenario.llm import LlmScenario, load_llm_scenario
+from sim.serving.fleet import READY
+
+
+def llm_model_spec(scenario: LlmScenario) -> dict[str, Any]:
+    """What to run live: the scenario's ``model:`` section over the step profile's decoder
+    (its shape and KV-cache size, device, dtype and threads).
+    """
+    spec: dict[str, Any] = {}
+    if scenario.service.kind == "llm_profile":
+        meta = load_step_profile(scenario.service.path).meta
+        model = meta.get("model") or {}
+        params = dict(model.get("params") or {})
+        device = meta.get("device") or {}
+        spec = {"params": params,
+                "device": "cpu" if device.get("kind") != "cuda"
+                else f"cuda:{device.get('index', 0)}",
+                "dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(
+                    str(meta.get("dtype")), "fp32"),
+                "threads": meta.get("threads")}
+    if scenario.model is not None:
+        given = scenario.model.model_dump()
+        spec.update({k: v for k, v in given.items() if v not in (None, {})})
+    if not spec:
+        raise LiveError("model: nothing to run live — the service is llm_linear; use a measured "
+                        "step profile (service.kind llm_profile) or add model: {params: "
+                        "{shape: small}}")
+    return spec
+
+
+def resident_engines(scenario: LlmScenario) -> int:
+    """Engines loaded before a run starts: ``replicas``, or ``initial_replicas`` when
+    autoscaled.
+    """
+    fleet = build_llm_core(scenario).fleet
+    return scenario.replicas if fleet is None else fleet.count(READY)
+
+
+def check_llm_bounds(prediction: LlmResult, horizon: float, max_wall_s: float,
+                     repeats: int = 1) -> float:
+    """Refuse live LLM runs the simulator predicts unstable or, ``repeats`` of them
+    together, longer than ``max_wall_s``.
+
+    Returns:
+        The predicted wall time (s) of all the runs.
+
+    Raises:
+        LiveError: one line with the estimate and the way out.
+    """
+    stability = prediction.summary["stability"]
+    end_s = float(prediction.meta["end_s"])
+    estimate = repeats * end_s
+    parts = f"horizon {horizon:,.0f} s + predicted drain {max(end_s - horizon, 0):,.0f} s"
+    detail = (f"about {estimate:,.0f} s of wall time ("
+              + (f"{repeats} runs × ({parts})" if repeats > 1 else parts) + ")")
+    if stability["verdict"] == "unstable":
+        raise LiveError(f"refusing to run live: the simulator predicts an unstable run "
+                        f"({stability['reason']}); {detail}. Lower the load, or pass --force "
+                        "(the run then stops draining after --drain-timeout-s)")
+    if estimate > max_wall_s:
+        raise LiveError(f"refusing to run live: {detail} exceeds --max-wall-s {max_wall_s:g}. "
+                        "Shorten the workload, raise --max-wall-s, or pass --force")
+    return estimate
+
+
+def build_decoders(spec: dict[str, Any], replicas: int, slots: int,
+                   max_len: int) -> list[Any]:
+    """One warmed-up decoder per replica, with torch's CPU threads set to the spec's (the
+    count the profile was measured with) before anything runs.
+    """
+    if spec.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(spec["threads"]))
+    out = []
+    for _ in range(replicas):
+        try:
+            decoder = decoder_for(spec, max_slots=slots, max_len=max_len)
+        except ValueError as exc:
+            raise LiveError(str(exc)) from None
+        warm_up(decoder)
+        out.append(decoder)
+    return out
+
+
+def warm_up(decoder: Any, steps: int = 3) -> None:
+    """A few untimed steps (a prefill chunk with decodes) before the clock starts, so the
+    first requests do not pay for allocator and kernel warm-up.
+    """
+    from calibration.llm_decoder import StepEntry
+
+    cfg = decoder.cfg
+    n = min(64, cfg.max_len - 1)
+    decodes = [StepEntry(1 + i, n - 1, 1) for i in range(min(4, cfg.max_slots - 1))]
+    for _ in range(steps):
+        decoder.step([StepEntry(0, 0, n)])
+        if decodes:
+            decoder.step([StepEntry(0, 0, n), *decodes])
+
+
+def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
+             overrides: list[str] | dict[str, Any] | None = None, *,
+             drain_timeout_s: float | None = None, handle_sigint: bool = False,
+             stop_mode: str = "drain",
+             on_engine: Callable[[LiveLlmEngine], None] | None = None,
+             decoder_hook: Callable[[Any], Any] | None = None, max_wall_s: float = 600.0,
+             force: bool = True, decoders: list[Any] | None = None,
+             replay: bool = False) -> LlmResult:
+    """Run an LLM scenario live and return the same :class:`LlmResult` as ``sim.llm.run``.
+
+    Args:
+        scenario: Scenario, dict, path or ``builtin:NAME``.
+        overrides: Dotted-key overrides.
+        drain_timeout_s: Stop this long after the horizon; the rest stays in flight.
+            Default: the window's length (``duration_s`` − ``warmup_s``), else 60 s.
+        handle_sigint: Ctrl-C stops the run (``stop_mode``) and the records are kept.
+        stop_mode: ``drain`` or ``abandon``.
+        on_engine: Called with the engine before it starts (tests stop runs with it).
+        decoder_hook: Called with each decoder; its return value replaces it (tests inject
+            faults).
+        max_wall_s: With ``force=False``: refuse when the simulator predicts a longer run.
+        force: Run without the stability and wall-time check (the API default; the CLI
+            checks unless ``--force``).
+        decoders: Decoders to run on, one per replica (compare reuses its probed ones);
+            default: built from :func:`llm_model_spec` and warmed up.
+        replay: Run on :class:`executor.llm_driver.ReplayDecoder` stand-ins that sleep the
+            step model's own time (what the engine adds, free of device drift; works for
+            ``llm_linear`` scenarios too).
+
+    Raises:
+        LiveError: nothing to run live, or (``force=False``) the simulator predicts an
+            unstable or too long run.
+    """
+    import torch
+
+    scn = load_llm_scenario(scenario, overrides)
+    spec = {"device": "cpu"} if replay else llm_model_spec(scn)
+    core = build_llm_core(scn)
+    horizon = horizon_s(scn, core.arrival_s)
+    drain = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
+    if drain <= 0:
+        raise LiveError(f"--drain-timeout-s {drain:g}: must be > 0")
+    if not force:
+        check_llm_bounds(sim_run(scn, drain_timeout_s=drain), horizon, max_wall_s)
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    slots, max_len = decoder_capacity(scn, core)
+    resident = resident_engines(scn)
+    loader = None
+    if replay:
+        from executor.llm_driver import ReplayDecoder
+        from executor.testing import precise_sleep
+        from sim.drivers.llm_simulate import build_step_model
+
+        model = build_step_model(scn)
+        if decoders is None:
+            decoders = [ReplayDecoder(model, slots, max_len) for _ in range(resident)]
+        cold_s = float(scn.autoscaling.cold_start_s or 0.0) if scn.autoscaling else 0.0
+
+        def loader(replica: int) -> Any:
+            precise_sleep(cold_s)  # the stand-in's cold start: the scenario's
+            return ReplayDecoder(model, slots, max_len)
+    else:
+        if decoders is None:
+            decoders = build_decoders(spec, resident, slots, max_len)
+
+        def loader(replica: int) -> Any:  # the real cold start: build, then warm up
+            return build_decoders(spec, 1, slots, max_len)[0]
+    decoders = [decoder_hook(d) for d in decoders] if decoder_hook else list(decoders)
+    if core.fleet is not None:
+        ready = [r for r, state in enumerate(core.fleet.state) if state == READY]
+        if len(decoders) < len(ready):
+            raise LiveError(f"decoders: {len(decoders)} given for {len(ready)} resident "
+                            "engines (autoscaling.initial_replicas)")
+        by_slot: list[Any] = [None] * len(core.schedulers)
+        for r, decoder in zip(ready, decoders, strict=False):
+            by_slot[r] = decoder
+        decoders = by_slot
+    engine = LiveLlmEngine(core, decoders, drain_until_s=horizon + drain,
+                           loader=loader if core.fleet is not None else None)
+    if on_engine is not None:
+        on_engine(engine)
+    previous = None
+    if handle_sigint and threading.current_thread() is threading.main_thread():
+        def _on_sigint(signum: int, frame: FrameType | None) -> None:
+            engine.stop(stop_mode)
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    t0 = time.perf_counter()
+    try:
+        end_s = engine.run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    counts = core.close()
+    requests, steps, tokens, queue = tables(core)
+    window_end = horizon if engine.stopped_at_s is None else min(horizon, engine.stopped_at_s)
+    summary = summarize_llm(requests, core.token_s, core.token_offset, steps, queue,
+                            warmup_s=scn.warmup_s, horizon_s=window_end, end_s=end_s,
+                            num_blocks=core.limits.num_blocks, ttft_slo_ms=scn.slo.ttft_ms,
+                            tpot_slo_ms=scn.slo.tpot_ms, driver="live",
+                            replicas=scn.fleet_size,
+                            price_per_replica_hour=scn.price_per_replica_hour,
+                            fleet=llm_fleet_tables(core))
+    first = next((d for d in decoders if d is not None), None)
+    described = first.describe() if first is not None and hasattr(first, "describe") else {}
+    meta = run_meta(scn, driver="live", device={  # type: ignore[arg-type]
+        "kind": str(spec.get("device") or "cpu"), "torch_threads": torch.get_num_threads()},
+        extra={"kind": "llm", "model": described, "runner": "replay" if replay else "decoder",
+               "end_s": end_s,
+               "wall_s": time.perf_counter() - t0, "status_counts": counts,
+               "stopped_early": engine.stopped_at_s is not None,
+               "stopped_s": engine.stopped_at_s, "drain_timeout_s": drain,
+               "drain_timed_out": engine.drain_timed_out,
+               "step_errors": engine.step_errors[:20], "torch_version": torch.__version__,
+               "steps": len(steps), "num_gpu_blocks": core.limits.num_blocks,
+               "planned_horizon_s": horizon if math.isfinite(horizon) else None,
+               "cold_starts_measured_s": engine.cold_starts_s,
+               "fatal_error": engine.fatal_error})
+    fleet = llm_fleet_tables(core)
+    return LlmResult(scn, summary, requests, steps, tokens, queue, meta,
+                     *(fleet if fleet is not None else (None, None)))

@@ -1,0 +1,167 @@
+"""Is a run stable? Capacity of the service model, the queue's trend, and the verdict.
+
+A run whose queue grows without bound has no steady-state latency: its percentiles only say
+how long the run lasted. Every summary therefore carries a verdict:
+
+* ``unstable``: the offered load exceeds the capacity while nothing bounds the queue (no
+  ``max_len``, no ``timeout_ms``, no dropping policy), or the queue grew significantly over
+  the window (least-squares slope of the queue length more than :data:`T_CRIT` standard
+  errors above zero, and the growth over the window larger than the queue's mean) while the
+  offered load is not known to be below :data:`SATURATED_RHO` of the capacity. Below that a
+  queue cannot grow without bound: a rise within a short window is a transient (a burst), and
+  the verdict stays ``stable`` with the rise named in its reason;
+* ``saturated``: not growing, but at the limit: the offered load is at least
+  :data:`SATURATED_RHO` of the capacity, or the device is busy at least that share of the
+  time, or a bounded queue sheds the excess; a closed loop is at most ``saturated`` (its
+  clients bound the queue);
+* ``stable`` otherwise.
+
+Capacity is ``replicas × concurrent batches × max over the policy's batch sizes b of
+b / mean service time(b × mean request size)``: the most a fleet can finish per second if
+every batch is as efficient as the policy allows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sim.metrics.folds import StepFold
+
+T_CRIT = 3.0
+SATURATED_RHO = 0.95
+TREND_SEGMENTS = 10
+
+
+def capacity_rps(mean_s: Callable[[int], float], batch_sizes: Sequence[int], replicas: int,
+                 concurrent_batches: int = 1, mean_size: float = 1.0) -> float:
+    """Requests per second the fleet can finish at best.
+
+    Args:
+        mean_s: Mean service time (s) of a batch of ``items`` items.
+        batch_sizes: Batch sizes (requests) the policy can form.
+        replicas: Number of replicas.
+        concurrent_batches: Batches one replica may run at once (the simulator overlaps them
+            without contention).
+        mean_size: Mean items per request.
+
+    Returns:
+        The capacity in requests per second (nan when no batch size can be evaluated, e.g.
+        every size lies outside a profile's measured range).
+    """
+    best = math.nan
+    for b in batch_sizes:
+        try:
+            t = mean_s(max(1, round(b * mean_size)))
+        except (ValueError, KeyError):
+            continue
+        if t > 0 and not (b / t <= best):
+            best = b / t
+    return best * replicas * concurrent_batches
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Least-squares slope of the queue length over the window.
+
+    Attributes:
+        slope_per_s: Requests added to the queue per second.
+        se_per_s: Standard error of the slope (segment means as observations).
+        mean: Time-weighted mean queue length.
+    """
+
+    slope_per_s: float
+    se_per_s: float
+    mean: float
+
+
+def trend_of(steps: StepFold) -> Trend:
+    """The queue's trend: OLS of its time-weighted means over the fold's segments.
+
+    Segment means rather than the raw steps: neighbouring queue lengths are strongly
+    correlated, so a regression on every step would call noise a trend.
+    """
+    lo_s, hi_s = steps.lo_s, steps.hi_s
+    if steps.rows == 0 or hi_s <= lo_s:
+        return Trend(math.nan, math.nan, math.nan)
+    means = steps.segment_means()
+    segments = means.size
+    mid = (np.arange(segments) + 0.5) * (hi_s - lo_s) / segments
+    x = mid - mid.mean()
+    sxx = float(np.sum(x * x))
+    slope = float(np.sum(x * (means - means.mean())) / sxx)
+    resid = means - means.mean() - slope * x
+    se = math.sqrt(float(np.sum(resid * resid)) / (segments - 2) / sxx)
+    return Trend(slope, se, float(means.mean()))
+
+
+def verdict(*, offered_rps: float, capacity: float, utilization: float, trend: Trend,
+            window_s: float, closed_loop: bool, bounded: bool) -> dict[str, Any]:
+    """The stability verdict of a run (the summary's ``stability`` section).
+
+    Args:
+        offered_rps: Arrivals per second in the window.
+        capacity: :func:`capacity_rps` of the scenario.
+        utilization: Mean device utilisation over the window.
+        trend: :func:`queue_trend` over the window.
+        window_s: Window length (s).
+        closed_loop: The clients bound the number in the system.
+        bounded: A queue bound, a request timeout or a dropping policy sheds the excess.
+    """
+    rho = offered_rps / capacity if capacity and math.isfinite(capacity) else math.nan
+    slope, se = trend.slope_per_s, trend.se_per_s
+    growth = slope * window_s if math.isfinite(slope) else math.nan
+    significant = (math.isfinite(slope) and slope > 0
+                   and (se == 0 or slope > T_CRIT * se)
+                   and growth > max(1.0, trend.mean))
+    transient = significant and math.isfinite(rho) and rho < SATURATED_RHO
+    if transient:  # positive recurrent below capacity: the rise is a burst, not a trend
+        significant = False
+    if closed_loop:
+        state, reason = "stable", "closed loop: the clients bound the queue"
+        if utilization >= SATURATED_RHO:
+            state, reason = "saturated", (f"closed loop at the device's limit (utilisation "
+                                          f"{utilization:.0%})")
+    elif rho > 1 and not bounded:
+        state = "unstable"
+        reason = (f"offered {offered_rps:.4g} req/s exceeds the capacity of {capacity:.4g} "
+                  f"req/s; the queue grows without bound")
+    elif significant and not bounded:
+        state = "unstable"
+        reason = (f"the queue grew by {growth:.0f} requests over the window "
+                  f"({slope:.3g} ± {se:.2g} per s)")
+    elif rho > 1:
+        state = "saturated"
+        reason = (f"offered {offered_rps:.4g} req/s exceeds the capacity of {capacity:.4g} "
+                  f"req/s; the bounded queue sheds the excess")
+    elif rho >= SATURATED_RHO or utilization >= SATURATED_RHO or significant:
+        state = "saturated"
+        reason = (f"at the limit: offered/capacity {rho:.2f}, utilisation {utilization:.0%}"
+                  + (f", queue grew by {growth:.0f}" if significant else ""))
+    else:
+        state, reason = "stable", f"offered/capacity {rho:.2f}"
+        if transient:
+            reason += (f"; the queue rose by {growth:.0f} requests within the window, a "
+                       "transient at this load (a longer run averages it out)")
+    return {"verdict": state, "offered_rps": offered_rps, "capacity_rps": capacity,
+            "rho_offered": rho, "queue_trend_per_s": slope, "queue_trend_se_per_s": se,
+            "reason": reason}
+
+
+def stability_warning(summary: dict[str, Any]) -> str | None:
+    """One warning line when the run is not stable (None when it is)."""
+    stability = summary.get("stability") or {}
+    if stability.get("verdict") in (None, "stable"):
+        return None
+    text = f"{stability['verdict']}: {stability['reason']}"
+    if stability["verdict"] == "unstable":
+        text += ("; latency percentiles describe this run's length, not a steady state, and "
+                 "throughput is the capacity")
+    censored = int(summary.get("censored") or 0)
+    if censored:
+        text += f"; {censored} requests unfinished when the run stopped (censored)"
+    return text

@@ -1,0 +1,614 @@
+"""Scenario files: YAML validated by pydantic, with errors that name the field.
+
+The keys are a public contract (see the README): keys may be added, never renamed.
+Every field has a default except what defines the experiment. Load with :func:`load_scenario`
+(path, ``builtin:NAME``, or a dict) and change fields with dotted overrides
+(``policy.max_batch_size=16``).
+"""
+
+from __future__ import annotations
+
+import copy
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.errors import UserError
+
+BUILTIN_PREFIX = "builtin:"
+
+
+class ScenarioError(UserError):
+    """A scenario is invalid; the message names each bad field and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- service -----------------------------------------------------------------------------------
+class ProfileServiceCfg(_Strict):
+    """Bootstrap from a measured latency profile."""
+
+    kind: Literal["profile"] = "profile"
+    path: str = "builtin:minilm-cpu"
+    deterministic: bool = False
+    extrapolate: bool = False
+
+
+class LinearServiceCfg(_Strict):
+    """``base_ms + per_item_ms * items`` per batch, gamma noise with CV ``cv``."""
+
+    kind: Literal["linear"]
+    base_ms: float = Field(ge=0)
+    per_item_ms: float = Field(ge=0)
+    cv: float = Field(0.0, ge=0)
+    deterministic: bool = False
+
+
+class ConstantServiceCfg(_Strict):
+    """Every batch takes ``ms``."""
+
+    kind: Literal["constant"]
+    ms: float = Field(gt=0)
+    deterministic: bool = False
+
+
+class ExponentialServiceCfg(_Strict):
+    """Exponential batch times with mean ``mean_ms``."""
+
+    kind: Literal["exponential"]
+    mean_ms: float = Field(gt=0)
+    deterministic: bool = False
+
+
+class GammaServiceCfg(_Strict):
+    """Gamma batch times with mean ``mean_ms`` and CV ``cv``."""
+
+    kind: Literal["gamma"]
+    mean_ms: float = Field(gt=0)
+    cv: float = Field(1.0, gt=0)
+    deterministic: bool = False
+
+
+ServiceCfg = Annotated[
+    ProfileServiceCfg | LinearServiceCfg | ConstantServiceCfg | ExponentialServiceCfg
+    | GammaServiceCfg,
+    Field(discriminator="kind"),
+]
+
+
+# -- workload ----------------------------------------------------------------------------------
+class _Bounds(_Strict):
+    duration_s: float | None = Field(None, gt=0)
+    n_requests: int | None = Field(None, ge=1)
+    size: int = Field(1, ge=1)
+    priority_mix: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> _Bounds:
+        if self.duration_s is None and self.n_requests is None and not isinstance(
+                self, TraceWorkloadCfg):
+            raise ValueError("give duration_s or n_requests")
+        return self
+
+
+class PoissonWorkloadCfg(_Bounds):
+    """Poisson arrivals."""
+
+    kind: Literal["poisson"]
+    rate_rps: float = Field(gt=0)
+
+
+class ConstantWorkloadCfg(_Bounds):
+    """Evenly spaced arrivals."""
+
+    kind: Literal["constant"]
+    rate_rps: float = Field(gt=0)
+
+
+class GammaWorkloadCfg(_Bounds):
+    """Gamma inter-arrival gaps (burstiness ``cv``)."""
+
+    kind: Literal["gamma"]
+    rate_rps: float = Field(gt=0)
+    cv: float = Field(1.0, gt=0)
+
+
+class MmppWorkloadCfg(_Bounds):
+    """Markov-modulated Poisson bursts."""
+
+    kind: Literal["mmpp"]
+    rates_rps: list[Annotated[float, Field(ge=0)]] = Field(min_length=2)
+    mean_dwell_s: list[Annotated[float, Field(gt=0)]] | Annotated[float, Field(gt=0)]
+
+
+class SinusoidWorkloadCfg(_Bounds):
+    """Poisson with a sinusoidal rate."""
+
+    kind: Literal["sinusoid"]
+    rate_rps: float = Field(gt=0)
+    amplitude: float = Field(0.5, ge=0, le=1)
+    period_s: float = Field(60.0, gt=0)
+
+
+class TraceWorkloadCfg(_Bounds):
+    """Trace replay from CSV."""
+
+    kind: Literal["trace"]
+    path: str
+    timestamp_column: str = "TIMESTAMP"
+    time_scale: float = Field(1.0, gt=0)
+    rate_scale: float = Field(1.0, gt=0)
+    size_column: str | None = None
+    start_s: float = Field(0.0, ge=0)
+
+
+class ClosedWorkloadCfg(_Bounds):
+    """Closed loop: clients send, wait, think, send again."""
+
+    kind: Literal["closed"]
+    clients: int = Field(ge=1)
+    think_ms: float = Field(0.0, ge=0)
+    think_cv: float = Field(1.0, ge=0)
+
+
+WorkloadCfg = Annotated[
+    PoissonWorkloadCfg | ConstantWorkloadCfg | GammaWorkloadCfg | MmppWorkloadCfg
+    | SinusoidWorkloadCfg | TraceWorkloadCfg | ClosedWorkloadCfg,
+    Field(discriminator="kind"),
+]
+
+
+# -- policy ------------------------------------------------------------------------------------
+class _PolicyBase(_Strict):
+    max_concurrent_batches: int = Field(1, ge=1)
+
+
+class NonePolicyCfg(_PolicyBase):
+    """No batching."""
+
+    kind: Literal["none"]
+
+
+class GreedyPolicyCfg(_PolicyBase):
+    """Take what is queued, up to max_batch_size."""
+
+    kind: Literal["greedy"]
+    max_batch_size: int = Field(8, ge=1)
+
+
+class FixedPolicyCfg(_PolicyBase):
+    """Wait for exactly batch_size (optional timeout)."""
+
+    kind: Literal["fixed"]
+    batch_size: int = Field(8, ge=1)
+    timeout_ms: float | None = Field(None, ge=0)
+
+
+class DynamicPolicyCfg(_PolicyBase):
+    """Size-or-timeout dynamic batching."""
+
+    kind: Literal["dynamic"]
+    max_batch_size: int = Field(8, ge=1)
+    max_wait_ms: float = Field(2.0, ge=0)
+    timer: Literal["request", "first"] = "request"
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] = []
+
+
+class AimdPolicyCfg(_PolicyBase):
+    """Clipper AIMD batch-size control against slo_ms (batch service time)."""
+
+    kind: Literal["aimd"]
+    slo_ms: float = Field(50.0, gt=0)
+    max_batch_size: int = Field(64, ge=1)
+    initial_batch_size: int = Field(1, ge=1)
+    additive_step: int = Field(1, ge=1)
+    backoff: float = Field(0.9, gt=0, lt=1)
+
+
+class SloPolicyCfg(_PolicyBase):
+    """Largest batch meeting the earliest deadline; drop the hopeless."""
+
+    kind: Literal["slo"]
+    max_batch_size: int = Field(32, ge=1)
+
+
+PolicyCfg = Annotated[
+    NonePolicyCfg | GreedyPolicyCfg | FixedPolicyCfg | DynamicPolicyCfg | AimdPolicyCfg
+    | SloPolicyCfg,
+    Field(discriminator="kind"),
+]
+
+
+class QueueCfg(_Strict):
+    """Queue discipline and admission."""
+
+    discipline: Literal["fifo", "priority", "edf"] = "fifo"
+    max_len: int | None = Field(None, ge=1)
+    timeout_ms: float | None = Field(None, gt=0)
+
+
+class ModelCfg(_Strict):
+    """What the live executor runs (default: the model recorded in the profile)."""
+
+    name: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    device: str | list[str] | None = None  # a list: replica r runs on device[r % len]
+    dtype: Literal["fp32", "fp16", "bf16"] | None = None
+    cuda_streams: Literal["per_replica", "default"] = "per_replica"
+    threads: int | None = Field(None, ge=1)
+
+
+class RequestClassCfg(_Strict):
+    """A request class: its share of the arrivals, its priority level and its own SLO."""
+
+    name: str = Field(min_length=1)
+    share: float = Field(gt=0, le=1)
+    priority: int = Field(0, ge=0, le=127)
+    slo_ms: float | None = Field(None, gt=0)
+
+
+class _AutoscalingBase(_Strict):
+    min_replicas: int = Field(1, ge=0, le=4096)
+    max_replicas: int = Field(1, ge=1, le=4096)
+    initial_replicas: int | None = Field(None, ge=0, le=4096)
+    control_period_s: float = Field(1.0, gt=0)
+    cold_start_s: float | None = Field(None, ge=0)
+
+    @property
+    def slots(self) -> int:
+        """Replica slots the fleet needs (its most replicas)."""
+        return self.max_replicas
+
+    @model_validator(mode="after")
+    def _bounds(self) -> _AutoscalingBase:
+        top = self.slots
+        if self.min_replicas > top:
+            raise ValueError(f"autoscaling.min_replicas: {self.min_replicas} is above "
+                             f"max_replicas {top}")
+        if self.initial_replicas is not None and not (
+                self.min_replicas <= self.initial_replicas <= top):
+            raise ValueError(f"autoscaling.initial_replicas: {self.initial_replicas} must lie "
+                             f"in [min_replicas {self.min_replicas}, max_replicas {top}]")
+        return self
+
+
+class TargetAutoscalingCfg(_AutoscalingBase):
+    """Ray Serve's target_ongoing_requests policy."""
+
+    kind: Literal["target"]
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    upscale_delay_s: float = Field(30.0, ge=0)
+    downscale_delay_s: float = Field(600.0, ge=0)
+    look_back_period_s: float = Field(30.0, gt=0)
+    upscaling_factor: float = Field(1.0, gt=0)
+    downscaling_factor: float = Field(1.0, gt=0)
+
+
+class ConcurrencyAutoscalingCfg(_AutoscalingBase):
+    """Knative's KPA on request concurrency (scale to zero with min_replicas 0)."""
+
+    kind: Literal["concurrency"]
+    min_replicas: int = Field(0, ge=0, le=4096)
+    target_concurrency: float = Field(1.0, gt=0)
+    stable_window_s: float = Field(60.0, gt=0)
+    panic_window_s: float = Field(6.0, gt=0)
+    panic_threshold: float = Field(2.0, gt=0)
+    scale_to_zero_grace_s: float = Field(30.0, ge=0)
+
+    @model_validator(mode="after")
+    def _windows(self) -> ConcurrencyAutoscalingCfg:
+        if self.panic_window_s > self.stable_window_s:
+            raise ValueError(f"autoscaling.panic_window_s: {self.panic_window_s:g} s must not "
+                             f"exceed stable_window_s {self.stable_window_s:g} s")
+        return self
+
+
+class ScheduleAutoscalingCfg(_AutoscalingBase):
+    """Replica counts by time of day."""
+
+    kind: Literal["schedule"]
+    min_replicas: int = Field(0, ge=0, le=4096)
+    max_replicas: int | None = Field(None, ge=1, le=4096)  # type: ignore[assignment]
+    steps: list[tuple[Annotated[float, Field(ge=0)], Annotated[int, Field(ge=0)]]] = Field(
+        min_length=1)
+    period_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _steps(self) -> ScheduleAutoscalingCfg:
+        starts = [t for t, _ in self.steps]
+        if starts != sorted(starts) or len(set(starts)) != len(starts):
+            raise ValueError("autoscaling.steps: start times must increase, e.g. "
+                             "[[0, 1], [28800, 4], [72000, 1]]")
+        top = max(n for _, n in self.steps)
+        if self.max_replicas is not None and top > self.max_replicas:
+            raise ValueError(f"autoscaling.steps: {top} replicas is above max_replicas "
+                             f"{self.max_replicas}")
+        if top == 0:
+            raise ValueError("autoscaling.steps: at least one step needs a replica")
+        if self.period_s is not None and starts[-1] >= self.period_s:
+            raise ValueError(f"autoscaling.steps: a start of {starts[-1]:g} s is not inside "
+                             f"period_s {self.period_s:g} s")
+        return self
+
+    @property
+    def slots(self) -> int:
+        """Replica slots the fleet needs (max_replicas, else the largest step)."""
+        return self.max_replicas or max(n for _, n in self.steps)
+
+
+AutoscalingCfg = Annotated[
+    TargetAutoscalingCfg | ConcurrencyAutoscalingCfg | ScheduleAutoscalingCfg,
+    Field(discriminator="kind"),
+]
+
+
+class Scenario(_Strict):
+    """One experiment: where service times come from, arrivals, policy, queue, replicas."""
+
+    name: str = "scenario"
+    seed: int = Field(0, ge=0)
+    service: ServiceCfg = Field(default_factory=ProfileServiceCfg)
+    workload: WorkloadCfg
+    policy: PolicyCfg
+    queue: QueueCfg = Field(default_factory=QueueCfg)
+    replicas: int = Field(1, ge=1, le=4096)
+    routing: Literal["shared", "round_robin", "random", "jsq", "p2c", "least_work"] = "shared"
+    warmup_s: float = Field(0.0, ge=0)
+    slo_ms: float | None = Field(None, gt=0)
+    price_per_replica_hour: float = Field(0.0, ge=0)
+    model: ModelCfg | None = None
+    classes: list[RequestClassCfg] | None = None
+    autoscaling: AutoscalingCfg | None = None
+    # full: request, batch and queue tables; summary: only what the summary needs;
+    # sketch: summary with the latency samples as fixed-size sketches
+    records: Literal["full", "summary", "sketch"] = "full"
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Scenario:
+        if self.autoscaling is not None and "replicas" in self.model_fields_set and \
+                self.replicas != 1:
+            raise ValueError("replicas: an autoscaled scenario sizes its fleet with "
+                             "autoscaling.min_replicas/max_replicas/initial_replicas; leave "
+                             "replicas out")
+        has_deadlines = self.slo_ms is not None or bool(
+            self.classes and all(c.slo_ms is not None for c in self.classes))
+        if self.policy.kind == "slo" and not has_deadlines:
+            raise ValueError("slo_ms: policy.kind 'slo' needs slo_ms (the request deadline)")
+        if self.queue.discipline == "edf" and not has_deadlines:
+            raise ValueError("slo_ms: queue.discipline 'edf' needs slo_ms (deadlines), or an "
+                             "slo_ms on every class")
+        if self.classes is not None:
+            self._check_classes(self.classes)
+        duration_s = getattr(self.workload, "duration_s", None)
+        if duration_s is not None and self.warmup_s >= duration_s:
+            raise ValueError(f"warmup_s: {self.warmup_s:g} s leaves nothing to measure of "
+                             f"workload.duration_s {duration_s:g} s; it must be shorter")
+        return self
+
+    def _check_classes(self, classes: list[RequestClassCfg]) -> None:
+        if not classes:
+            raise ValueError("classes: give at least one class, or leave classes out")
+        names = [c.name for c in classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"classes: names must be unique, got {names}")
+        total = sum(c.share for c in classes)
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"classes: the shares must sum to 1, got {total:g}")
+        if self.workload.kind == "closed":
+            raise ValueError("classes: not available for workload.kind 'closed' (the clients "
+                             "send one kind of request); use an open-loop workload")
+        if getattr(self.workload, "priority_mix", None) is not None:
+            raise ValueError("classes: give either classes (with their priorities) or "
+                             "workload.priority_mix, not both")
+
+    @property
+    def fleet_size(self) -> int:
+        """Replica slots: ``replicas``, or the autoscaler's most replicas."""
+        return self.autoscaling.slots if self.autoscaling is not None else self.replicas
+
+    def to_yaml(self) -> str:
+        """The resolved scenario as YAML."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# -- errors ------------------------------------------------------------------------------------
+_UNIONS: dict[str, Any] = {"service": ServiceCfg, "workload": WorkloadCfg, "policy": PolicyCfg,
+                           "autoscaling": AutoscalingCfg}
+
+
+def _tags(annotation: Any) -> dict[str, type[BaseModel]]:
+    """Members of a discriminated union (``Annotated[A | B, Field(...)]``) by ``kind`` tag."""
+    union = typing.get_args(annotation)[0]
+    return {typing.get_args(m.model_fields["kind"].annotation)[0]: m
+            for m in typing.get_args(union)}
+
+
+def _split_loc(loc: tuple[Any, ...], root: type[BaseModel] | None = None,
+               unions: dict[str, Any] | None = None,
+               sections: dict[str, type[BaseModel]] | None = None,
+               ) -> tuple[list[str], type[BaseModel] | None]:
+    """The printed path (union tags removed) and the model that holds the last key."""
+    root = Scenario if root is None else root
+    unions = _UNIONS if unions is None else unions
+    sections = {"queue": QueueCfg} if sections is None else sections
+    parts = [str(p) for p in loc]
+    model: type[BaseModel] | None = root
+    if parts and parts[0] in unions:
+        tags = _tags(unions[parts[0]])
+        if len(parts) > 1 and parts[1] in tags:
+            model = tags[parts[1]]
+            parts = [parts[0], *parts[2:]]
+            return parts, model if len(parts) == 2 else None
+        return parts, None
+    if len(parts) == 2 and parts[0] in sections:
+        return parts, sections[parts[0]]
+    return parts, root if len(parts) == 1 else None
+
+
+def _format(error: dict[str, Any], root: type[BaseModel] | None = None,
+            unions: dict[str, Any] | None = None,
+            sections: dict[str, type[BaseModel]] | None = None) -> str:
+    unions = _UNIONS if unions is None else unions
+    parts, model = _split_loc(tuple(error["loc"]), root, unions, sections)
+    path = ".".join(parts) or "scenario"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = ", ".join(model.model_fields) if model is not None else "see the README"
+        return f"{path}: unknown key; allowed keys here: {allowed}"
+    if kind == "union_tag_invalid":
+        ctx = error.get("ctx", {})
+        return (f"{path}.kind: unknown value {ctx.get('tag')!r}; allowed: "
+                f"{ctx.get('expected_tags')}")
+    if kind == "union_tag_not_found":
+        return f"{path}.kind: missing; allowed: {', '.join(_tags(unions[parts[0]]))}" \
+            if parts and parts[0] in unions else f"{path}.kind: missing"
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    msg = str(error["msg"])
+    if kind == "value_error":
+        text = msg.removeprefix("Value error, ")
+        return text if text.split(" ")[0].endswith(":") else f"{path}: {text}"
+    return f"{path}: {msg} (got {error.get('input')!r})"
+
+
+def validate_scenario(data: Any) -> Scenario:
+    """Validate a scenario dict.
+
+    Raises:
+        ScenarioError: one line per problem, each naming the field and what is allowed.
+    """
+    if not isinstance(data, dict):
+        raise ScenarioError("scenario: the top level must be a mapping of keys to values")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError, root: type[BaseModel] | None = None,
+                            unions: dict[str, Any] | None = None,
+                            sections: dict[str, type[BaseModel]] | None = None) -> str:
+    """Pydantic's errors as one line: each names its field and what is allowed.
+
+    Args:
+        exc: The validation error.
+        root: The scenario model (default :class:`Scenario`).
+        unions: Section name -> discriminated union (``kind`` tags), e.g. ``policy``.
+        sections: Section name -> plain model, for "allowed keys" of unknown keys.
+    """
+    return "; ".join(sorted({_format(dict(e), root, unions, sections) for e in exc.errors()}))
+
+
+def builtin_scenarios() -> list[str]:
+    """Names of the scenarios shipped with servelab."""
+    folder = resources.files("servelab") / "scenarios"
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def read_scenario_dict(ref: str | Path) -> dict[str, Any]:
+    """Read a scenario file (or ``builtin:NAME``) into a dict without validating it."""
+    text_ref = str(ref)
+    if text_ref.startswith(BUILTIN_PREFIX):
+        name = text_ref[len(BUILTIN_PREFIX):]
+        if name not in builtin_scenarios():
+            raise ScenarioError(f"scenario: unknown builtin {name!r}; available: "
+                                f"{', '.join(builtin_scenarios())}")
+        text = (resources.files("servelab") / "scenarios" / f"{name}.yaml").read_text()
+    else:
+        path = Path(text_ref)
+        if not path.is_file():
+            raise ScenarioError(f"scenario: file {text_ref!r} not found")
+        text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"scenario: {text_ref!r} is not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"scenario: {text_ref!r} must hold a mapping of keys to values")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any], *,
+                    unions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return a copy of ``data`` with dotted-key overrides applied.
+
+    Args:
+        data: Scenario dict.
+        overrides: ``["policy.max_batch_size=16", ...]`` (values parsed as YAML scalars) or
+            ``{"policy.max_batch_size": 16}``.
+        unions: Section -> discriminated union whose ``kind`` switches prune the old kind's
+            knobs (default: the request-level scenario's).
+    """
+    out = copy.deepcopy(data)
+    items: list[tuple[str, Any]]
+    if isinstance(overrides, dict):
+        items = list(overrides.items())
+    else:
+        items = []
+        for text in overrides:
+            if "=" not in text:
+                raise ScenarioError(f"--set {text!r}: expected KEY=VALUE, "
+                                    "e.g. policy.max_batch_size=16")
+            key, raw = text.split("=", 1)
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                value = raw
+            items.append((key.strip(), value))
+    explicit = {key for key, _ in items}
+    for key, value in items:
+        parts = key.split(".")
+        if not all(parts):
+            raise ScenarioError(f"--set {key!r}: empty part in the dotted key")
+        node = out
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ScenarioError(f"{key}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = value
+    _prune_switched_kinds(out, explicit, _UNIONS if unions is None else unions)
+    return out
+
+
+def _prune_switched_kinds(data: dict[str, Any], explicit: set[str],
+                          unions: dict[str, Any]) -> None:
+    """After ``--set policy.kind=greedy``, drop the old kind's knobs that the new kind does
+    not have (knobs set explicitly are kept, so typos still get an error).
+    """
+    for section, union in unions.items():
+        node = data.get(section)
+        if f"{section}.kind" not in explicit or not isinstance(node, dict):
+            continue
+        model = _tags(union).get(node.get("kind"))  # type: ignore[arg-type]
+        if model is None:
+            continue
+        for key in list(node):
+            if key not in model.model_fields and f"{section}.{key}" not in explicit:
+                del node[key]
+
+
+def load_scenario(source: str | Path | dict[str, Any] | Scenario,
+                  overrides: list[str] | dict[str, Any] | None = None) -> Scenario:
+    """Load and validate a scenario from a path, ``builtin:NAME``, a dict or a Scenario."""
+    if isinstance(source, Scenario):
+        if not overrides:
+            return source
+        data = source.model_dump(mode="json")
+    elif isinstance(source, dict):
+        data = source
+    else:
+        data = read_scenario_dict(source)
+    if overrides:
+        data = apply_overrides(data, overrides)
+    return validate_scenario(data)
+

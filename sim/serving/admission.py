@@ -1,0 +1,144 @@
+"""Admission: arrivals join queues (routed at their own time), bounds reject, timeouts expire.
+
+Arrivals are admitted lazily: before anything reads the queues, the core calls
+:meth:`Admission.admit_until` and every arrival and expiry up to that time is applied in time
+order with its own timestamp. A router sees the loads of the arrival's own time: the core
+admits up to a batch's finish time *before* recording the finish, so a request that arrived
+while every replica was busy is routed with that replica still busy, as it was then.
+
+Invariant: every queue's ``length`` equals its requests with status QUEUED.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from sim.serving.queues import RequestQueue
+from sim.serving.records import QueueSeries, RequestTable
+from sim.serving.routing import ReplicaLoad, Router
+from sim.serving.sources import ScheduleSource, Source, end_request
+from sim.serving.types import QUEUED, REJECTED, TIMED_OUT
+
+REASON_QUEUE_FULL = "queue_full"
+REASON_TIMEOUT = "queue_timeout"
+_NONE: frozenset[int] = frozenset()
+_SHARED: frozenset[int] = frozenset({0})
+
+
+class Admission:
+    """Arrivals into queues: routing, the length bound and per-request timeouts.
+
+    Args:
+        table: Request records.
+        source: Where arrivals come from.
+        queues: The queues (one shared, or one per replica).
+        router: Per-replica queues fed by this router; ``None`` = the one shared queue.
+        queue_series: Where queue-length changes are recorded.
+        loads: Per-replica loads at a time (what the router sees).
+        max_len: Reject an arrival when its queue already holds this many (None: unbounded).
+        timeout_s: Expire a request still waiting this long after arrival (None: never).
+        candidates: The replicas a router may choose now (an autoscaled fleet's); None: all.
+    """
+
+    def __init__(self, table: RequestTable, source: Source, queues: Sequence[RequestQueue],
+                 router: Router | None, queue_series: QueueSeries,
+                 loads: Callable[[float, Sequence[int] | None], list[ReplicaLoad]], *,
+                 max_len: int | None = None, timeout_s: float | None = None,
+                 candidates: Callable[[], list[int]] | None = None) -> None:
+        self.table = table
+        self.source = source
+        self.queues = list(queues)
+        self.router = router
+        self.queue_series = queue_series
+        self.loads = loads
+        self.max_len = max_len
+        self.timeout_s = timeout_s
+        self.candidates = candidates
+        self._expiry: deque[tuple[float, int]] = deque()
+        # open loop, one shared queue, no admission limits: runs of arrivals go in at once
+        self._bulk = (router is None and max_len is None and timeout_s is None
+                      and isinstance(source, ScheduleSource))
+        self.admit: Callable[[float], frozenset[int] | set[int]] = \
+            self._admit_bulk if self._bulk else self._admit_each
+        """:meth:`admit_until` without a call in between (the core's hot path)."""
+
+    def admit_until(self, now_s: float) -> frozenset[int] | set[int]:
+        """Apply every arrival and expiry up to ``now_s`` in time order.
+
+        Returns:
+            The queues that received requests.
+        """
+        return self.admit(now_s)
+
+    def _admit_each(self, now_s: float) -> frozenset[int] | set[int]:
+        touched: set[int] = set()
+        source, timeout_s = self.source, self.timeout_s
+        while True:
+            arrival_s = source.peek_s()
+            if timeout_s is not None and self._expiry:
+                self._expire_until(min(arrival_s, now_s))
+            if arrival_s > now_s:
+                return touched
+            self._admit(source.pop(), arrival_s, touched)
+
+    def _admit_bulk(self, now_s: float) -> frozenset[int]:
+        source = self.source
+        assert isinstance(source, ScheduleSource)
+        first = source.next_id
+        arrival = self.table.arrival_s
+        if first >= source.n or arrival[first] > now_s:
+            return _NONE
+        queue = self.queues[0]
+        if first + 1 >= source.n or arrival[first + 1] > now_s:  # the common case: one arrival
+            source.next_id = first + 1
+            queue.push(first)
+            self.queue_series.record(arrival[first], 0, queue.length)
+            return _SHARED
+        near = min(source.n, first + 64)  # arrivals since the last event are near the head
+        last = bisect.bisect_right(arrival, now_s, first, near)
+        if last == near:
+            last = bisect.bisect_right(arrival, now_s, near, source.n)
+        source.next_id = last
+        before = queue.length
+        queue.extend(range(first, last), last - first if self.table.unit_size
+                     else sum(self.table.size[first:last]))
+        self.queue_series.record_run(arrival[first:last], 0, before + 1)
+        return _SHARED
+
+    def _admit(self, rid: int, arrival_s: float, touched: set[int]) -> None:
+        table = self.table
+        if self.router is None:
+            q = 0
+        else:
+            q = self.route(arrival_s, rid)
+            table.replica[rid] = q
+        queue = self.queues[q]
+        if self.max_len is not None and queue.length >= self.max_len:
+            end_request(table, self.source, rid, REJECTED, arrival_s, REASON_QUEUE_FULL)
+            return
+        queue.push(rid)
+        self.queue_series.record(arrival_s, q, queue.length)
+        touched.add(q)
+        if self.timeout_s is not None:
+            self._expiry.append((arrival_s + self.timeout_s, rid))
+
+    def route(self, now_s: float, rid: int) -> int:
+        """The replica (queue) the router picks for a request now."""
+        assert self.router is not None
+        slots = self.candidates() if self.candidates is not None else None
+        choice = self.router.route(now_s, rid, self.loads(now_s, slots))
+        return choice if slots is None else slots[choice]
+
+    def _expire_until(self, until_s: float) -> None:
+        expiry, status = self._expiry, self.table.status
+        while expiry and expiry[0][0] <= until_s:
+            at_s, rid = expiry.popleft()
+            if status[rid] != QUEUED:
+                continue
+            q = 0 if self.router is None else self.table.replica[rid]
+            queue = self.queues[q]
+            end_request(self.table, self.source, rid, TIMED_OUT, at_s, REASON_TIMEOUT)
+            queue.forget(rid)
+            self.queue_series.record(at_s, q, queue.length)

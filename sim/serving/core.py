@@ -1,0 +1,369 @@
+"""The serving state machine shared by both drivers, with its one event loop.
+
+:class:`ServingCore` owns the queues, admission, routing, the policy calls, the wake-ups and
+the records. It has no clock. A driver calls :meth:`ServingCore.step` with the time and the
+batches that finished since its last call; the core applies, in this order,
+
+1. for each finished batch (by finish time): the arrivals and expiries up to its finish, then
+   the finish itself (so a router never sees a replica freed before it really was);
+2. the arrivals and expiries up to now;
+3. the policy of each free replica that has reason to look: the replicas just freed (in
+   finish order), those whose wake-up fell due, then those whose queue received requests,
+
+and answers with the batches to start now and the time at which to call it again if nothing
+finishes first. The SimPy engine and the live executor are only clocks around this loop:
+one samples a service time and schedules the finish, the other hands the batch to a worker
+thread. Neither decides anything.
+
+Units: :mod:`sim.serving.sources` (arrivals), :mod:`sim.serving.admission` (queues, bounds,
+timeouts, routing), :mod:`sim.serving.dispatch` (policy calls, batches),
+:mod:`sim.serving.invariants` (conservation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from sim.serving.admission import Admission
+from sim.serving.dispatch import Batch, Dispatcher, PolicyError
+from sim.serving.fleet import DRAINING, READY, STARTING, Fleet
+from sim.serving.invariants import InvariantError, check_invariants
+from sim.serving.queues import RequestQueue, make_queue
+from sim.serving.records import BatchTable, QueueSeries, RequestTable
+from sim.serving.routing import ReplicaLoad, Router
+from sim.serving.sources import ClientSource, ScheduleSource, Source
+from sim.serving.types import Policy
+
+_NONE: frozenset[int] = frozenset()
+_new_step = tuple.__new__  # a Step without the NamedTuple's Python-level __new__
+
+
+def _FINISH_S(done: tuple[object, ...]) -> float:  # noqa: N802 - a sort key
+    return done[1]  # type: ignore[return-value]
+
+
+__all__ = ["Batch", "ClientSource", "Finished", "InvariantError", "PolicyError",
+           "ScheduleSource", "ServingCore", "Step"]
+
+
+class Finished(NamedTuple):
+    """A batch that ended: when, how long its service took, and why it failed (or None)."""
+
+    batch: Batch
+    finish_s: float
+    service_s: float
+    error: str | None = None
+
+
+class Step(NamedTuple):
+    """What a driver does after :meth:`ServingCore.step`.
+
+    Attributes:
+        start: Batches to start now, in dispatch order.
+        wake_s: Call :meth:`ServingCore.step` again at this time if no batch finishes first
+            (the next arrival while a replica is free, a policy's wake-up, or the
+            autoscaler's next control period; inf: never).
+        launch: Replicas to start (autoscaling): load the model, then report them ready.
+        stop: Replicas that have finished their work after being removed: free the model.
+    """
+
+    start: list[Batch]
+    wake_s: float
+    launch: tuple[int, ...] = ()
+    stop: tuple[int, ...] = ()
+
+
+class ServingCore:
+    """Queues, admission, routing, policy calls, wake-ups and records, without a clock.
+
+    Args:
+        table: Request records (preloaded schedule for open loop).
+        source: Where arrivals come from.
+        policies: One policy object per replica.
+        router: Per-replica queues fed by this router; ``None`` = one shared queue.
+        discipline: Queue discipline (fifo, priority, edf).
+        max_len: Reject an arrival when its queue already holds this many (None: unbounded).
+        timeout_s: Expire a request still waiting this long after arrival (None: never).
+        estimate_s: Latency model, seconds for a batch of ``items`` items (for routing by
+            work and for batch expectations).
+        fleet: Autoscaled replicas (one policy per slot); None: every replica always ready.
+    """
+
+    def __init__(self, table: RequestTable, source: Source, policies: Sequence[Policy], *,
+                 router: Router | None = None, discipline: str = "fifo",
+                 max_len: int | None = None, timeout_s: float | None = None,
+                 estimate_s: Callable[[int], float] = lambda items: 0.0,
+                 fleet: Fleet | None = None) -> None:
+        self.table = table
+        self.source = source
+        n = len(policies)
+        self.n_replicas = n
+        n_queues = 1 if router is None else n
+        self.queues: list[RequestQueue] = [make_queue(discipline, table, q)
+                                           for q in range(n_queues)]
+        for queue in self.queues:
+            queue.routed = router is not None
+        self.queue_of = [0 if router is None else r for r in range(n)]
+        self.replicas_of = [[r for r in range(n) if self.queue_of[r] == q]
+                            for q in range(n_queues)]
+        self.queue_series = QueueSeries()
+        self.dispatcher = Dispatcher(table, source, policies, self.queues, self.queue_of,
+                                     self.queue_series, estimate_s,
+                                     needs_work=bool(getattr(router, "needs_work_estimate",
+                                                             False)))
+        self.fleet = fleet
+        self.admission = Admission(table, source, self.queues, router, self.queue_series,
+                                   self.dispatcher.loads, max_len=max_len, timeout_s=timeout_s,
+                                   candidates=self.route_candidates if fleet else None)
+        self.wake_at_s = [math.inf] * n  # a policy's requested wake-up (only while free)
+        self._min_wake_s = math.inf  # the earliest of them
+        for q in range(n_queues):
+            self.queue_series.record(0.0, q, 0)
+        self._launch: list[int] = []
+        self._stop: list[int] = []
+        if fleet is not None:
+            if len(fleet.state) != n:
+                raise ValueError(f"fleet has {len(fleet.state)} slots for {n} policies")
+            for r, state in enumerate(fleet.state):
+                if state != READY:
+                    self.dispatcher.set_active(r, False, 0.0)
+
+    # -- the event loop ----------------------------------------------------------------------
+    def step(self, now_s: float, finished: Sequence[Finished] = (), *,
+             dispatch: bool = True, ready: Sequence[tuple[int, float]] = ()) -> Step:
+        """Advance the core to ``now_s``; see the module docstring for the order.
+
+        Args:
+            now_s: The driver's time.
+            finished: Batches that ended since the last call (``finish_s`` <= ``now_s``).
+            dispatch: False: record finishes and arrivals but consult no policy (a run that
+                is being abandoned or closed).
+            ready: Launched replicas whose cold start ended since the last call, with the
+                time it ended (autoscaling).
+
+        Returns:
+            The batches to start now, when to call again, and replicas to launch or stop.
+        """
+        admit, dispatcher, fleet = self.admission.admit, self.dispatcher, self.fleet
+        freed: list[int] = []
+        early: set[int] | frozenset[int] = _NONE  # queues fed before an earlier event
+        admitted_s = -math.inf  # arrivals are applied up to here
+        if finished:
+            for done in finished if len(finished) == 1 else sorted(finished,
+                                                                  key=_FINISH_S):
+                batch, finish_s = done[0], done[1]
+                got = admit(finish_s)
+                admitted_s = finish_s
+                if got:
+                    early = early | got
+                dispatcher.finish(batch, finish_s, done[2], done[3])
+                freed.append(batch.replica)
+                if fleet is not None:
+                    self._stop_if_drained(batch.replica, finish_s)
+        if fleet is not None:
+            admitted_s = -math.inf
+            for replica, ready_s in sorted(ready, key=lambda x: x[1]):
+                early = early | admit(ready_s)
+                fleet.ready(replica, ready_s)
+                dispatcher.set_active(replica, True, ready_s)
+                freed.append(replica)
+            if dispatch:
+                while fleet.next_tick_s <= now_s and self._ticking():
+                    tick_s = fleet.next_tick_s
+                    early = early | admit(tick_s)
+                    self._control(tick_s)
+                    fleet.next_tick_s = tick_s + fleet.control_period_s
+        touched = admit(now_s) if now_s != admitted_s else _NONE
+        if early:
+            touched = early | touched
+        if fleet is not None and dispatch and fleet.empty() and self.queued() > 0:
+            self._control(now_s)  # an arrival to an empty fleet (the activator's poke)
+        started: list[Batch] = []
+        if dispatch:
+            running, max_running = dispatcher.running, dispatcher.max_running
+            if len(freed) == 1 and not touched and self._min_wake_s > now_s:
+                self._consult(freed[0], now_s, started)  # the common case: one finish, nothing new
+            else:
+                consulted: set[int] = set()
+                for replica in freed:
+                    if replica not in consulted:
+                        consulted.add(replica)
+                        self._consult(replica, now_s, started)
+                if self._min_wake_s <= now_s:
+                    for replica, due_s in enumerate(self.wake_at_s):
+                        if due_s <= now_s and replica not in consulted:
+                            consulted.add(replica)
+                            self._consult(replica, now_s, started)
+                for q in sorted(touched) if len(touched) > 1 else touched:
+                    for replica in self.replicas_of[q]:
+                        if replica not in consulted and running[replica] < max_running[replica]:
+                            consulted.add(replica)
+                            self._consult(replica, now_s, started)
+        if self.table.sink is not None:  # a summary-only run: fold what is full
+            self.table.sink.maybe_flush()
+        wake_s = self.next_wake_s()
+        if fleet is None:
+            return _new_step(Step, (started, wake_s, (), ()))
+        launch, stop = tuple(self._launch), tuple(self._stop)
+        self._launch.clear()
+        self._stop.clear()
+        return Step(started, wake_s, launch, stop)
+
+    # -- autoscaling -------------------------------------------------------------------------
+    def _ticking(self) -> bool:
+        """Whether the autoscaler still has anything to react to: arrivals to come, work
+        queued or running, or replicas starting or draining.
+        """
+        fleet = self.fleet
+        assert fleet is not None
+        return (self.source.peek_s() < math.inf or self.queued() > 0 or any(self.running)
+                or fleet.count(STARTING) > 0 or fleet.count(DRAINING) > 0)
+
+    def _control(self, now_s: float) -> None:
+        """Consult the autoscaler; launch and retire replicas as it says."""
+        fleet = self.fleet
+        assert fleet is not None
+        running = self.dispatcher.running_requests()
+        per_slot = [self.queues[self.queue_of[r]].length if len(self.queues) > 1 else 0
+                    for r in range(self.n_replicas)]
+        launch, retire = fleet.plan(fleet.view(now_s, self.queued(), running), per_slot)
+        for r in launch:
+            fleet.launch(r, now_s)
+            self._launch.append(r)
+        for r in retire:
+            self._retire(r, now_s)
+
+    def _retire(self, replica: int, now_s: float) -> None:
+        """A replica stops taking work; its own queue goes back to the others."""
+        fleet = self.fleet
+        assert fleet is not None
+        fleet.retire(replica, now_s)
+        self.dispatcher.set_active(replica, False, now_s)
+        self._set_wake(replica, math.inf)
+        if len(self.queues) > 1 and self.queues[replica].length:
+            old = self.queues[replica]
+            moved = old.take_all()
+            self.queue_series.record(now_s, replica, 0)
+            table = self.table
+            for rid in moved:
+                q = self.admission.route(now_s, rid)
+                table.replica[rid] = q
+                self.queues[q].push(rid)
+                self.queue_series.record(now_s, q, self.queues[q].length)
+        self._stop_if_drained(replica, now_s)
+
+    def _stop_if_drained(self, replica: int, now_s: float) -> None:
+        fleet = self.fleet
+        assert fleet is not None
+        if fleet.state[replica] == DRAINING and self.dispatcher.running[replica] == 0:
+            fleet.stop(replica, now_s)
+            self._stop.append(replica)
+
+    def route_candidates(self) -> list[int]:
+        """The replicas an arrival may be routed to (:meth:`sim.serving.fleet.Fleet.candidates`)."""
+        fleet = self.fleet
+        assert fleet is not None
+        per_slot = [q.length for q in self.queues] if len(self.queues) > 1 else \
+            [0] * self.n_replicas
+        return fleet.candidates(per_slot)
+
+    def _consult(self, replica: int, now_s: float, started: list[Batch]) -> None:
+        dispatcher = self.dispatcher
+        running, max_running = dispatcher.running, dispatcher.max_running
+        if running[replica] >= max_running[replica]:
+            return
+        if self.fleet is not None and self.fleet.state[replica] != READY:
+            raise InvariantError(f"replica {replica} is {self.fleet.state[replica]} but "
+                                 "could take a batch")
+        wake_at = self.wake_at_s
+        while running[replica] < max_running[replica]:
+            batch, wake_s = dispatcher.decide(replica, now_s)
+            if batch is None:
+                self._set_wake(replica, math.inf if wake_s is None else wake_s)
+                return
+            if wake_at[replica] != math.inf:
+                self._set_wake(replica, math.inf)
+            started.append(batch)
+
+    def _set_wake(self, replica: int, wake_s: float) -> None:
+        """Record a policy's wake-up (inf: none), keeping the earliest of all."""
+        wake_at = self.wake_at_s
+        old_s = wake_at[replica]
+        if old_s == wake_s:
+            return
+        wake_at[replica] = wake_s
+        if wake_s < self._min_wake_s:
+            self._min_wake_s = wake_s
+        elif old_s == self._min_wake_s:
+            self._min_wake_s = min(wake_at)
+
+    def next_wake_s(self) -> float:
+        """When the core next needs a call without a finish: the next arrival while some
+        replica is free, or the earliest policy wake-up.
+        """
+        wake_s = self._min_wake_s
+        fleet = self.fleet
+        if self.dispatcher.free_replicas > 0 or (fleet is not None and fleet.empty()):
+            arrival_s = self.source.peek_s()
+            if arrival_s < wake_s:
+                wake_s = arrival_s
+        if fleet is not None and fleet.next_tick_s < wake_s and self._ticking():
+            wake_s = fleet.next_tick_s
+        return wake_s
+
+    def next_policy_wake_s(self) -> float:
+        """The earliest wake-up a policy asked for (inf: none)."""
+        return self._min_wake_s
+
+    # -- what drivers and reports read -------------------------------------------------------
+    @property
+    def batches(self) -> BatchTable:
+        """The batch records."""
+        return self.dispatcher.batches
+
+    @property
+    def running(self) -> list[int]:
+        """Batches running per replica."""
+        return self.dispatcher.running
+
+    @property
+    def running_batches(self) -> list[dict[int, Batch]]:
+        """Running batches per replica, by batch id."""
+        return self.dispatcher.running_batches
+
+    def free(self, replica: int) -> bool:
+        """Whether the replica may start another batch."""
+        return self.dispatcher.free(replica)
+
+    def any_free(self) -> bool:
+        """Whether some replica may start a batch."""
+        return self.dispatcher.free_replicas > 0
+
+    def loads(self, now_s: float) -> list[ReplicaLoad]:
+        """Per-replica load at ``now_s`` (what routers see)."""
+        return self.dispatcher.loads(now_s)
+
+    def queued(self) -> int:
+        """Requests waiting in all queues."""
+        return sum(q.length for q in self.queues)
+
+    def admit_until(self, now_s: float) -> None:
+        """Apply arrivals and expiries up to ``now_s`` without consulting any policy (a live
+        run about to stop admitting takes in what was already due).
+        """
+        self.admission.admit_until(now_s)
+
+    def fail_running(self, batch: Batch, time_s: float, reason: str) -> None:
+        """Fail a running batch's requests now (e.g. a batch timeout); the replica stays busy
+        until the batch is reported finished.
+        """
+        self.dispatcher.fail_running(batch, time_s, reason)
+
+    def check_invariants(self) -> dict[str, int]:
+        """Check request conservation; return the status counts (see
+        :func:`sim.serving.invariants.check_invariants`).
+        """
+        return check_invariants(self.table, self.source.admitted, self.queues,
+                                self.dispatcher.running_requests())

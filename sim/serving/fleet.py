@@ -1,0 +1,300 @@
+"""The replica fleet under an autoscaler: each replica slot's state, and its history.
+
+A slot is ``off``, ``starting`` (launched, in its cold start), ``ready`` (serving) or
+``draining`` (removed: takes no new work, finishes what runs, then goes ``off``). The fleet
+has no clock: the core tells it the time. It records every change as an event
+(``time_s, replica, event``) and the counts as a step series; replica-seconds integrate the
+replicas that hold resources (starting, ready or draining).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from sim.serving.autoscaling import Autoscaler, FleetView
+
+OFF, STARTING, READY, DRAINING = "off", "starting", "ready", "draining"
+
+
+@dataclass
+class FleetLog:
+    """The fleet's history.
+
+    Attributes:
+        events: ``(time_s, replica, event)`` with event in deploy (resident from the start) |
+            launch | ready | retire | stop.
+        times_s, ready, starting, draining: The counts after each change (a step series).
+    """
+
+    events: list[tuple[float, int, str]] = field(default_factory=list)
+    times_s: list[float] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)
+    starting: list[int] = field(default_factory=list)
+    draining: list[int] = field(default_factory=list)
+
+    def series(self) -> pd.DataFrame:
+        """The replica counts over time (``replicas`` = starting + ready + draining)."""
+        frame = pd.DataFrame({"time_s": np.asarray(self.times_s, dtype=float),
+                              "ready": np.asarray(self.ready, dtype=np.int64),
+                              "starting": np.asarray(self.starting, dtype=np.int64),
+                              "draining": np.asarray(self.draining, dtype=np.int64)})
+        frame["replicas"] = frame["ready"] + frame["starting"] + frame["draining"]
+        return frame
+
+    def event_frame(self) -> pd.DataFrame:
+        """The events as a table."""
+        return pd.DataFrame(self.events, columns=["time_s", "replica", "event"])
+
+
+class Fleet:
+    """Replica slots and the autoscaler that sizes them.
+
+    Args:
+        n_slots: Slots (the autoscaler's ``max_replicas``).
+        autoscaler: The policy.
+        control_period_s: How often the autoscaler is consulted.
+    """
+
+    def __init__(self, n_slots: int, autoscaler: Autoscaler, control_period_s: float) -> None:
+        self.autoscaler = autoscaler
+        self.control_period_s = control_period_s
+        self.state = [OFF] * n_slots
+        self.ready_at_s = [math.nan] * n_slots  # the current incarnation's ready time
+        self.log = FleetLog()
+        self.next_tick_s = control_period_s
+        for r in range(min(autoscaler.initial_replicas, n_slots)):
+            self.state[r] = READY  # deployed before the run: resident, no cold start
+            self.ready_at_s[r] = 0.0
+            self.log.events += [(0.0, r, "deploy"), (0.0, r, "ready")]
+        self._record(0.0)
+
+    # -- state ------------------------------------------------------------------------------
+    def count(self, state: str) -> int:
+        """Slots in ``state``."""
+        return self.state.count(state)
+
+    def slots(self, state: str) -> list[int]:
+        """Slots in ``state``, by index."""
+        return [r for r, s in enumerate(self.state) if s == state]
+
+    def empty(self) -> bool:
+        """No replica ready or starting."""
+        return not any(s in (READY, STARTING) for s in self.state)
+
+    def view(self, now_s: float, queued: int, running: int) -> FleetView:
+        """What the autoscaler sees now."""
+        return FleetView(now_s, self.count(READY), self.count(STARTING), queued, running)
+
+    def candidates(self, held_per_slot: list[int]) -> list[int]:
+        """Where an arrival may go: the ready slots; if none, the starting ones (it waits
+        for a cold start); if none, the slot the next launch takes (the off slot holding the
+        most requests, then the lowest; :meth:`plan` launches in the same order).
+        """
+        for state in (READY, STARTING):
+            slots = self.slots(state)
+            if slots:
+                return slots
+        off = sorted(self.slots(OFF), key=lambda r: (-held_per_slot[r], r))
+        return off[:1] or [0]
+
+    # -- changes ----------------------------------------------------------------------------
+    def plan(self, view: FleetView, queued_per_slot: list[int]) -> tuple[list[int], list[int]]:
+        """Ask the autoscaler; return (slots to launch, slots to retire).
+
+        Launches take off slots holding queued requests first (requests routed while the
+        fleet was empty), then the lowest. Retirements take ready slots, the least loaded and
+        then the highest first; starting slots finish their cold start (a later decision may
+        retire them).
+        """
+        want = self.autoscaler.desired(view)
+        have = view.replicas
+        if want > have:
+            off = sorted(self.slots(OFF), key=lambda r: (-queued_per_slot[r], r))
+            return off[:want - have], []
+        if want < have:
+            ready = sorted(self.slots(READY), key=lambda r: (queued_per_slot[r], -r))
+            return [], ready[:have - want]
+        return [], []
+
+    def _move(self, replica: int, now_s: float, state: str, event: str) -> None:
+        """Put a slot in ``state``, logging ``event`` and the new counts."""
+        self.state[replica] = state
+        self.log.events.append((now_s, replica, event))
+        self._record(now_s)
+
+    def launch(self, replica: int, now_s: float) -> None:
+        """A slot starts its cold start."""
+        self._move(replica, now_s, STARTING, "launch")
+
+    def ready(self, replica: int, now_s: float) -> None:
+        """A starting slot's model is loaded: it serves from now."""
+        self.ready_at_s[replica] = now_s
+        self._move(replica, now_s, READY, "ready")
+
+    def retire(self, replica: int, now_s: float) -> None:
+        """A ready slot stops taking work."""
+        self._move(replica, now_s, DRAINING, "retire")
+
+    def stop(self, replica: int, now_s: float) -> None:
+        """A draining slot has finished its work and frees its resources."""
+        self._move(replica, now_s, OFF, "stop")
+
+    def _record(self, now_s: float) -> None:
+        log = self.log
+        if log.times_s and log.times_s[-1] == now_s:  # one row per instant: the last state
+            log.ready.pop()
+            log.starting.pop()
+            log.draining.pop()
+            log.times_s.pop()
+        log.times_s.append(now_s)
+        log.ready.append(self.count(READY))
+        log.starting.append(self.count(STARTING))
+        log.draining.append(self.count(DRAINING))
+
+
+class ColdStart:
+    """A new replica's cold start: a bootstrap draw from measured load times, else a
+    constant.
+    """
+
+    def __init__(self, samples_s: np.ndarray, constant_s: float,
+                 rng: np.random.Generator) -> None:
+        self.samples_s = np.asarray(samples_s, dtype=float)
+        self.constant_s = float(constant_s)
+        self.rng = rng
+
+    def __repr__(self) -> str:
+        if self.samples_s.size:
+            return (f"ColdStart({self.samples_s.size} measured, median "
+                    f"{float(np.median(self.samples_s)):.3g} s)")
+        return f"ColdStart({self.constant_s:g} s)"
+
+    def sample_s(self) -> float:
+        """One cold start in seconds."""
+        if self.samples_s.size:
+            return float(self.samples_s[self.rng.integers(self.samples_s.size)])
+        return self.constant_s
+
+
+def replica_seconds(series: pd.DataFrame, lo_s: float, hi_s: float) -> float:
+    """The integral of ``replicas`` (starting + ready + draining) over [lo, hi] of a step
+    series from :meth:`FleetLog.series`.
+    """
+    if hi_s <= lo_s or series.empty:
+        return 0.0
+    t = series["time_s"].to_numpy(float)
+    n = series["replicas"].to_numpy(float)
+    edges = np.clip(np.append(t, hi_s), lo_s, hi_s)
+    return float(np.sum(n * np.diff(edges)))
+
+
+def cold_start_waited(requests: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
+    """Per request: whether its wait included a cold start (the replica that started it
+    became ready after the request arrived).
+    """
+    waited = np.zeros(len(requests), dtype=bool)
+    ready = events[events["event"] == "ready"]
+    if ready.empty or not len(requests):
+        return waited
+    start = requests["start_s"].to_numpy(dtype=float, na_value=np.nan)
+    replica = requests["replica"].to_numpy()
+    arrival = requests["arrival_s"].to_numpy()
+    for r, group in ready.groupby("replica"):
+        times = np.sort(group["time_s"].to_numpy(float))
+        mine = (replica == r) & np.isfinite(start)
+        k = np.searchsorted(times, start[mine], side="right") - 1
+        served_by = np.where(k >= 0, times[np.clip(k, 0, None)], -np.inf)
+        waited[np.flatnonzero(mine)] = served_by > arrival[mine]
+    return waited
+
+
+def fleet_summary(requests: pd.DataFrame, series: pd.DataFrame, events: pd.DataFrame,
+                  lo_s: float, hi_s: float, latency_s: np.ndarray,
+                  ok_mask: np.ndarray) -> dict[str, object]:
+    """The autoscaling metrics over the window [lo, hi].
+
+    Args:
+        requests: The request table.
+        series: Replica counts over time (:meth:`FleetLog.series`).
+        events: Fleet events (:meth:`FleetLog.event_frame`).
+        lo_s: The measurement window's start.
+        hi_s: Its end.
+        latency_s: Latencies of the ok requests in the window (for the tail share).
+        ok_mask: Which rows of ``requests`` those are (same order as ``latency_s``).
+    """
+    span = hi_s - lo_s
+    seconds = replica_seconds(series, lo_s, hi_s)
+    t = series["time_s"].to_numpy(float)
+    n = series["replicas"].to_numpy()
+    inside = n[(t >= lo_s) & (t <= hi_s)]
+    at_lo = n[max(int(np.searchsorted(t, lo_s, side="right")) - 1, 0)] if n.size else 0
+    counts = np.append(inside, at_lo)
+    launches = events[events["event"] == "launch"]
+    in_win = launches[(launches["time_s"] >= lo_s) & (launches["time_s"] <= hi_s)]
+    waited = cold_start_waited(requests, events)
+    arrived = requests["arrival_s"].to_numpy() >= lo_s
+    ok_waited = waited[ok_mask]
+    tail_share = float("nan")
+    if latency_s.size:
+        tail = latency_s >= np.percentile(latency_s, 99)
+        tail_share = float(ok_waited[tail].mean()) if tail.any() else float("nan")
+    loads = _load_times_s(events)
+    empty = empty_fleet_waits_s(requests, series, lo_s, hi_s)
+    return {
+        "replica_seconds": seconds,
+        "replicas": {"mean": seconds / span if span > 0 else float("nan"),
+                     "min": int(counts.min()) if counts.size else 0,
+                     "max": int(counts.max()) if counts.size else 0},
+        "cold_starts": len(in_win),
+        "cold_start_s": {"count": len(loads),
+                         "p50": float(np.median(loads)) if loads.size else float("nan"),
+                         "max": float(loads.max()) if loads.size else float("nan")},
+        "cold_start_waits": int(np.sum(waited & arrived)),
+        "cold_start_wait_share": float(np.mean(waited[arrived])) if arrived.any()
+        else float("nan"),
+        "cold_start_tail_share": tail_share,
+        "empty_fleet_wait_s": {"episodes": int(empty.size),
+                               "mean": float(empty.mean()) if empty.size else float("nan"),
+                               "max": float(empty.max()) if empty.size else float("nan")},
+    }
+
+
+def empty_fleet_waits_s(requests: pd.DataFrame, series: pd.DataFrame, lo_s: float,
+                        hi_s: float) -> np.ndarray:
+    """Per episode with no ready replica: from the first arrival in it to the first replica
+    ready (how long the head of a burst waits after scale to zero, or after a fleet too
+    small to have anyone ready); arrivals in [lo, hi].
+    """
+    t = series["time_s"].to_numpy(float)
+    ready = series["ready"].to_numpy()
+    arrival = np.sort(requests["arrival_s"].to_numpy(float))
+    arrival = arrival[(arrival >= lo_s) & (arrival <= hi_s)]
+    if not arrival.size or not t.size:
+        return np.empty(0)
+    k = np.searchsorted(t, arrival, side="right") - 1
+    none_ready = ready[np.clip(k, 0, None)] == 0
+    ready_times = t[ready > 0]
+    waits: dict[float, float] = {}
+    for a in arrival[none_ready]:
+        j = np.searchsorted(ready_times, a, side="right")
+        if j < ready_times.size:
+            waits.setdefault(float(ready_times[j]), a)  # the episode's first arrival
+    return np.array([r - a for r, a in waits.items()], dtype=float)
+
+
+def _load_times_s(events: pd.DataFrame) -> np.ndarray:
+    """Launch-to-ready times of the launches during the run (not the resident deploys)."""
+    out = []
+    for _, group in events.groupby("replica"):
+        pending = None
+        for time_s, event in zip(group["time_s"], group["event"], strict=True):
+            if event == "launch":
+                pending = time_s
+            elif event == "ready" and pending is not None:
+                out.append(time_s - pending)
+                pending = None
+    return np.asarray(out, dtype=float)
