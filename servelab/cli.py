@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from calibration.errors import UserError
 from calibration.profile import builtin_profiles
+from servelab.roofline_cli import register as register_roofline
 from sim.core import InvariantError, PolicyError
 from sim.llm.scenario import LlmScenario
 from sim.scenario import Scenario, builtin_scenarios
@@ -647,6 +648,9 @@ def profile_compare(
         compare_profiles(a, b, out, console)
     except USER_ERRORS as exc:
         fail(str(exc))
+
+
+register_roofline(app)  # servelab fit, servelab plan
 
 
 def main() -> None:
