@@ -249,3 +249,14 @@ def test_fit_cli(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["fit", "--profile", "builtin:llm-small-cpu", "--out",
                                    str(out), "--holdout", "1.5"])
     assert bad.exit_code == 2 and "--holdout" in bad.output
+
+
+def test_builtin_sets_follow_the_device_kind() -> None:
+    cpu, gpu = load_coefficients("builtin", "cpu"), load_coefficients("builtin", "gpu")
+    assert (cpu.name, gpu.name) == ("cpu-decoder", "gpu-blis-iter29")
+    assert gpu.meta["source"]["commit"] == "f90a1e3a6787da17c2cd463dab6fb2660b1b1760"
+    assert cpu.meta["fit"]["held_out"]["median_abs"] < 0.1  # its own shape's held-out steps
+    result = sim.llm.run({**_scenario(model="builtin:servelab-small", device="cpu"),
+                          "policy": {"kind": "vllm", "max_num_batched_tokens": 512,
+                                     "max_num_seqs": 16, "num_gpu_blocks": 2048}})
+    assert result.summary["ok"] == 40
