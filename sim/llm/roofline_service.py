@@ -45,6 +45,9 @@ class LlmRooflineServiceCfg(_Strict):
     dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     activation_reserve_gb: float | None = Field(None, ge=0)
+    # written by servelab: the policy.num_gpu_blocks it derived, so that a changed device,
+    # tp or model (a sweep over the resolved scenario) derives them again
+    derived_num_gpu_blocks: int | None = Field(None, ge=1)
 
 
 def builtin_models() -> list[str]:
@@ -103,14 +106,19 @@ def prepare_roofline(data: dict[str, Any]) -> dict[str, Any]:
     try:
         model = build_roofline(cfg)
         policy = data.get("policy")
-        if isinstance(policy, dict) and policy.get("kind") in KV_POLICIES and \
-                policy.get("num_gpu_blocks") is None and policy.get("gpu_memory_gb") is None:
+        if not isinstance(policy, dict) or policy.get("kind") not in KV_POLICIES:
+            return data
+        given = policy.get("num_gpu_blocks")
+        if given is not None and given == cfg.derived_num_gpu_blocks:
+            given = None  # derived for an earlier service: derive again
+        if given is None and policy.get("gpu_memory_gb") is None:
             block_size = policy.get("block_size", 16)
             if not isinstance(block_size, int) or block_size < 1:
                 return data  # validation reports it
             blocks = kv_cache_blocks(model.shape, model.device, cfg.tp, block_size,
                                      cfg.gpu_memory_utilization, cfg.activation_reserve_gb)
-            data = {**data, "policy": {**policy, "num_gpu_blocks": blocks}}
+            data = {**data, "policy": {**policy, "num_gpu_blocks": blocks},
+                    "service": {**service, "derived_num_gpu_blocks": blocks}}
     except HardwareError as exc:
         raise ScenarioError(str(exc)) from None
     return data

@@ -260,3 +260,20 @@ def test_builtin_sets_follow_the_device_kind() -> None:
                           "policy": {"kind": "vllm", "max_num_batched_tokens": 512,
                                      "max_num_seqs": 16, "num_gpu_blocks": 2048}})
     assert result.summary["ok"] == 40
+
+
+def test_derived_kv_blocks_follow_a_changed_service() -> None:
+    """A sweep re-validates the resolved scenario with a point applied: blocks derived for
+    one tp or device are derived again for the next, while blocks the user set are kept.
+    """
+    first = sim.llm.load_llm_scenario(_scenario())
+    again = sim.llm.load_llm_scenario(first, {"service.tp": 2})
+    h100, shape = load_device("h100-sxm"), load_shape("builtin:llama-3.1-8b")
+    assert again.policy.num_gpu_blocks == kv_cache_blocks(  # type: ignore[union-attr]
+        shape, h100, 2, 16, 0.9)
+    other = sim.llm.load_llm_scenario(first, {"service.device": "a100-80gb"})
+    assert other.policy.num_gpu_blocks == kv_cache_blocks(  # type: ignore[union-attr]
+        shape, load_device("a100-80gb"), 1, 16, 0.9)
+    mine = sim.llm.load_llm_scenario(first, {"policy.num_gpu_blocks": 1000,
+                                              "service.tp": 2})
+    assert mine.policy.num_gpu_blocks == 1000  # type: ignore[union-attr]
