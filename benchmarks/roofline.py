@@ -13,9 +13,14 @@ B. GPU, public measurements: Vidur's per-layer operator times of Llama-style mod
    compute, weight-bytes and per-layer terms on the other models of the device and predict
    the held-out model's layer time at every token count and tensor parallelism.
 
+C. (``--live``) One live run of the held-out ``tiny`` shape on this machine (servelab's own
+   engine and decoder, one thread), against the simulator with the roofline fitted without
+   it, on the same arrival schedule. Indicative only: the shared machine's load moves live
+   step times by tens of percent between minutes.
+
 Relative error = (predicted − measured) / measured: a positive mean is a slow (pessimistic)
-prediction. Usage: python benchmarks/roofline.py. Writes benchmarks/results/roofline.md and
-roofline.json.
+prediction. Usage: python benchmarks/roofline.py [--live]. Writes
+benchmarks/results/roofline.md and roofline.json.
 """
 
 from __future__ import annotations
@@ -142,10 +147,9 @@ def _pooled_linear(train: list[ProfileData]) -> np.ndarray:
     return np.asarray(coef)
 
 
-def simulate_both(held: ProfileData, coeffs: Any) -> dict[str, dict[str, float]]:
-    """TTFT/TPOT/E2E of one load on the held-out shape: measured profile vs roofline."""
-    shape = held.shape
-    base: dict[str, Any] = {
+def load_for(held: ProfileData) -> dict[str, Any]:
+    """The scenario (less its service) both parts A and C run on a held-out shape."""
+    return {
         "seed": 3, "warmup_s": 0,
         "workload": {"kind": "poisson", "rate_rps": 1.0, "n_requests": 150,
                      "prompt_tokens": {"dist": "lognormal", "mean": 200, "cv": 0.8,
@@ -154,19 +158,28 @@ def simulate_both(held: ProfileData, coeffs: Any) -> dict[str, dict[str, float]]
                                        "max": 400}},
         "policy": {"kind": "vllm", "max_num_seqs": 16, "max_num_batched_tokens": 512,
                    "num_gpu_blocks": 4096}}
+
+
+def roofline_service(held: ProfileData, coeffs: Any, tmp: str) -> dict[str, Any]:
+    """An llm_roofline service for the held-out shape with ``coeffs`` (files in ``tmp``)."""
+    shape = held.shape
+    cfg = Path(tmp) / "config.json"
+    cfg.write_text(json.dumps({
+        "hidden_size": shape.hidden, "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads,
+        "intermediate_size": shape.intermediate, "vocab_size": shape.vocab,
+        "torch_dtype": "float32"}))
+    return {"kind": "llm_roofline", "model": str(cfg), "device": "cpu",
+            "coefficients": str(coeffs.save(Path(tmp) / "coeffs.json"))}
+
+
+def simulate_both(held: ProfileData, coeffs: Any) -> dict[str, dict[str, float]]:
+    """TTFT/TPOT/E2E of one load on the held-out shape: measured profile vs roofline."""
+    base = load_for(held)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = Path(tmp) / "config.json"
-        cfg.write_text(json.dumps({
-            "hidden_size": shape.hidden, "num_hidden_layers": shape.layers,
-            "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads,
-            "intermediate_size": shape.intermediate, "vocab_size": shape.vocab,
-            "torch_dtype": "float32"}))
-        coeff_path = coeffs.save(Path(tmp) / "coeffs.json")
         ref = sim.llm.run({**base, "service": {
             "kind": "llm_profile", "path": str(CPU_PROFILES / f"{held.name}.json")}})
-        rl = sim.llm.run({**base, "service": {
-            "kind": "llm_roofline", "model": str(cfg), "device": "cpu",
-            "coefficients": str(coeff_path)}})
+        rl = sim.llm.run({**base, "service": roofline_service(held, coeffs, tmp)})
     res = {}
     for metric, stat in METRICS:
         a, b = ref.summary[metric][stat], rl.summary[metric][stat]
@@ -220,6 +233,41 @@ def gpu_part(lines: list[str], out: dict[str, Any]) -> None:
         lines.append(f"{src} | {dst} | {_row(err)}")
 
 
+def live_part(lines: list[str], out: dict[str, Any]) -> None:
+    """One live run of the tiny shape against the roofline fitted on the other two."""
+    from executor.llm_run import live_llm
+
+    data = {s: load_profile_data(str(CPU_PROFILES / f"{s}.json")) for s in SHAPES}
+    held = data["tiny"]
+    coeffs = fit([data["small"], data["wide"]], holdout=0.0, name="without-tiny")
+    with tempfile.TemporaryDirectory() as tmp:
+        scn = {**load_for(held), "service": roofline_service(held, coeffs, tmp),
+               "model": {"params": {
+                   "hidden": held.shape.hidden, "layers": held.shape.layers,
+                   "heads": held.shape.heads, "kv_heads": held.shape.kv_heads,
+                   "intermediate": held.shape.intermediate, "vocab": held.shape.vocab},
+                   "device": "cpu", "dtype": "fp32", "threads": 1}}
+        scn["workload"] = {**scn["workload"], "n_requests": 60}
+        predicted = sim.llm.run(scn).summary
+        import os
+
+        load_before = os.getloadavg()[0]
+        measured = live_llm(scn).summary
+        load_after = os.getloadavg()[0]
+    lines += ["", "## C. Live: the tiny shape on this machine against the roofline fitted "
+              "without it", "", "60 requests at 1 req/s (the same schedule); one live run "
+              f"on a shared machine: indicative only. Load average (1 min) {load_before:.1f} "
+              f"before and {load_after:.1f} after the run on 2 cores; the coefficients "
+              "model the step's CPU time, so a live run that gets a fraction of a core is "
+              "slower by about that fraction.", "",
+              "metric | live (ms) | roofline sim (ms) | error", "---|---|---|---"]
+    for metric, stat in METRICS:
+        a, b = measured[metric][stat], predicted[metric][stat]
+        out[f"{metric} {stat}"] = {"live": a, "roofline": b, "error": (b - a) / a,
+                                   "load_average": [load_before, load_after]}
+        lines.append(f"{metric} {stat} | {a:.1f} | {b:.1f} | {(b - a) / a:+.1%}")
+
+
 def _shape(r: Any) -> ModelShape:
     return ModelShape(str(r.model), layers=1, hidden=int(r.hidden), heads=int(r.heads),
                       kv_heads=int(r.kv_heads), head_dim=int(r.hidden) // int(r.heads),
@@ -235,6 +283,9 @@ def main() -> None:
     out: dict[str, Any] = {"cpu": {}, "gpu": {}}
     cpu_part(lines, out["cpu"])
     gpu_part(lines, out["gpu"])
+    if "--live" in sys.argv[1:]:
+        out["live"] = {}
+        live_part(lines, out["live"])
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
