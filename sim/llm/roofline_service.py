@@ -102,6 +102,11 @@ def prepare_roofline(data: dict[str, Any]) -> dict[str, Any]:
     try:
         cfg = LlmRooflineServiceCfg.model_validate(service)
     except ValidationError:
+        policy = data.get("policy")
+        if isinstance(policy, dict) and policy.get("num_gpu_blocks") is None and \
+                policy.get("gpu_memory_gb") is None and policy.get("kind") in KV_POLICIES:
+            # the service's own error is the one to report: the blocks would be derived
+            data = {**data, "policy": {**policy, "num_gpu_blocks": 1}}
         return data
     try:
         model = build_roofline(cfg)

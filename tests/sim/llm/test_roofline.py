@@ -153,10 +153,14 @@ def test_scenario_sizes_kv_and_runs() -> None:
     ({"tp": 3}, "service.tp: 3 does not divide the model's 32 attention heads"),
     ({"coefficients": "builtin:nope"}, "service.coefficients: 'builtin:nope' is not shipped"),
     ({"gpu_memory_utilization": 1.5}, "service.gpu_memory_utilization"),
+    ({"device": None}, "^service.device: required field is missing$"),
+    ({"dtype": "int4"}, "^service.dtype: Input should be 'fp32', 'bf16', 'fp16' or 'fp8'"),
 ])
 def test_bad_service_names_the_field(service: dict[str, object], message: str) -> None:
+    data = _scenario(**service)
+    data["service"] = {k: v for k, v in data["service"].items() if v is not None}
     with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        sim.llm.load_llm_scenario(_scenario(**service))
+        sim.llm.load_llm_scenario(data)
 
 
 def test_bad_files(tmp_path: Path) -> None:

@@ -48,3 +48,23 @@ def test_plan_skips_what_does_not_fit_and_bad_input() -> None:
         Slo.parse("ttft_p99=5")
     with pytest.raises(UserError, match="--slo: give at least one"):
         plan(base, {"l40s": 1.0}, [1], [])
+
+
+def test_plan_cli_writes_table_json_and_chart(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+
+    result = CliRunner().invoke(app, [
+        "plan", "--model", "builtin:llama-3.1-8b", "--device", "h100-sxm=3", "--device",
+        "a100-80gb=1.8", "--tp", "1", "--slo", "tpot_p90_ms=200", "--rate-rps", "2",
+        "--n-requests", "30", "--seeds", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "plan.json").read_text())
+    assert [r["device"] for r in rows] == ["a100-80gb", "h100-sxm"]  # cheapest first
+    assert all(r["replicas"] == 1 for r in rows) and (tmp_path / "plan.html").exists()
+    bad = CliRunner().invoke(app, ["plan", "--model", "builtin:llama-3.1-8b", "--device",
+                                   "h100-sxm=cheap", "--slo", "ttft_p99_ms=5"])
+    assert bad.exit_code == 2 and "NAME=PRICE_PER_GPU_HOUR" in bad.output
