@@ -56,9 +56,9 @@ def llm_model_spec(scenario: LlmScenario) -> dict[str, Any]:
         given = scenario.model.model_dump()
         spec.update({k: v for k, v in given.items() if v not in (None, {})})
     if not spec:
-        raise LiveError("model: nothing to run live — the service is llm_linear; use a measured "
-                        "step profile (service.kind llm_profile) or add model: {params: "
-                        "{shape: small}}")
+        raise LiveError(f"model: nothing to run live — the service is {scenario.service.kind}; "
+                        "use a measured step profile (service.kind llm_profile) or add "
+                        "model: {params: {shape: small}}")
     return spec
 
 

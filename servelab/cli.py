@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from calibration.profile import builtin_profiles
+from servelab.roofline_cli import register as register_roofline
 from sim.errors import UserError
 from sim.scenario.llm import LlmScenario
 from sim.scenario.schema import Scenario, builtin_scenarios
@@ -647,6 +648,9 @@ def profile_compare(
         compare_profiles(a, b, out, console)
     except USER_ERRORS as exc:
         fail(str(exc))
+
+
+register_roofline(app)  # servelab fit, servelab plan
 
 
 def main() -> None:

@@ -71,3 +71,12 @@ def test_autoscaling() -> None:
     assert replicas.loc[1] > replicas.loc[4]  # a low target holds more replicas
     assert target["latency_ms.p99"].mean().loc[4] > target["latency_ms.p99"].mean().loc[1]
     assert t["meets_slo"].any() and not t["meets_slo"].all()
+
+
+def test_hardware_planning() -> None:
+    t = run("hardware_planning").set_index(["service.device", "service.tp"])["tpot_ms.p50"]
+    # decode reads the weights each step: TPOT follows the memory bandwidth
+    assert 1.2 < t[("a100-80gb", 1)] / t[("h100-sxm", 1)] < 1.8  # 3.35 / 2.04 = 1.64
+    assert t[("l40s", 1)] > t[("a100-80gb", 1)]
+    for device in ("h100-sxm", "a100-80gb", "l40s"):
+        assert t[(device, 2)] < 0.8 * t[(device, 1)]

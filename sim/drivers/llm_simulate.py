@@ -106,6 +106,10 @@ def build_step_model(scenario: LlmScenario) -> StepModel:
     s = scenario.service
     if s.kind == "llm_profile":
         return ProfileStepModel(load_step_profile(s.path), s.path)
+    if s.kind == "llm_roofline":
+        from sim.scenario.roofline.service import build_roofline
+
+        return build_roofline(s)
     return LinearStepModel(s.base_ms, s.per_prefill_token_ms, s.per_decode_seq_ms,
                            s.per_kv_token_ms)
 

@@ -1,7 +1,8 @@
 """LLM scenario files: the request-level scenario's arrivals and conventions, with token
 lengths, an iteration-level scheduler and a step-time service.
 
-A scenario is an LLM scenario when its ``service.kind`` is ``llm_linear`` or ``llm_profile``;
+A scenario is an LLM scenario when its ``service.kind`` is ``llm_linear``, ``llm_profile`` or
+``llm_roofline``;
 :func:`is_llm_data` tells, and the CLI and the experiment layer send it here. Keys (a
 public contract):
 
@@ -10,7 +11,8 @@ public contract):
   empirical, ...}``), or for a ``trace`` ``prompt_tokens_column``/``output_tokens_column``
   (truncated to ``prompt_tokens_max``/``output_tokens_max`` when given);
 * ``service``: ``llm_linear`` (``base_ms``, ``per_prefill_token_ms``, ``per_decode_seq_ms``,
-  ``per_kv_token_ms``) or ``llm_profile`` (``path``: a measured step profile);
+  ``per_kv_token_ms``), ``llm_profile`` (``path``: a measured step profile) or ``llm_roofline``
+  (``model``, ``device``, ``tp``, ``coefficients``: see :mod:`sim.scenario.roofline.service`);
 * ``policy``: ``static``, ``continuous``, ``vllm`` or ``sarathi`` with vLLM's knob names;
 * ``slo``: ``ttft_ms`` and/or ``tpot_ms`` (goodput counts requests meeting every one set).
 """
@@ -24,6 +26,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from sim.scenario.roofline.service import LlmRooflineServiceCfg, prepare_roofline
 from sim.scenario.schema import (
     AutoscalingCfg,
     ConstantWorkloadCfg,
@@ -39,7 +42,7 @@ from sim.scenario.schema import (
     read_scenario_dict,
 )
 
-LLM_SERVICE_KINDS = ("llm_linear", "llm_profile")
+LLM_SERVICE_KINDS = ("llm_linear", "llm_profile", "llm_roofline")
 
 
 # -- token lengths -----------------------------------------------------------------------------
@@ -167,7 +170,7 @@ class LlmProfileServiceCfg(_Strict):
     path: str
 
 
-LlmServiceCfg = Annotated[LlmLinearServiceCfg | LlmProfileServiceCfg,
+LlmServiceCfg = Annotated[LlmLinearServiceCfg | LlmProfileServiceCfg | LlmRooflineServiceCfg,
                           Field(discriminator="kind")]
 
 
@@ -332,6 +335,7 @@ def validate_llm_scenario(data: Any) -> LlmScenario:
             *LLM_SERVICE_KINDS, None):
         raise ScenarioError(f"service.kind: {data['service'].get('kind')!r} is not an LLM "
                             f"service; allowed: {', '.join(LLM_SERVICE_KINDS)}")
+    data = prepare_roofline(data)  # checks its files; sizes the KV cache as vLLM does
     try:
         return LlmScenario.model_validate(data)
     except ValidationError as exc:

@@ -10,6 +10,7 @@ also attends to the prefix already in the cache).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from calibration.step_profile import StepProfile
 from sim.serving.llm.schedulers import StepPlan
@@ -23,6 +24,8 @@ class Composition:
     decode_seqs: int
     kv_tokens: int
     prefill_context: int = 0  # Σ chunk tokens × the chunk's start: its attention to the prefix
+    prefill_seqs: int = 0  # prefill chunks (sequences) in the step
+    prefill_sq: int = 0  # Σ chunk tokens²: causal attention within each chunk
 
     @property
     def batched_tokens(self) -> int:
@@ -32,7 +35,7 @@ class Composition:
 
 def composition(plan: StepPlan) -> Composition:
     """The composition of a plan (before the step advances its sequences)."""
-    prefill = decode = kv = context = 0
+    prefill = decode = kv = context = chunks = square = 0
     for seq, n in plan.entries:
         if n == 1 and seq.decoding:
             decode += 1
@@ -40,8 +43,10 @@ def composition(plan: StepPlan) -> Composition:
         else:
             prefill += n
             context += n * seq.computed
+            chunks += 1
+            square += n * n
     return Composition(prefill, decode + plan.padding_seqs, kv + plan.padding_kv_tokens,
-                       context)
+                       context, chunks, square)
 
 
 @dataclass(frozen=True)
@@ -84,4 +89,9 @@ class ProfileStepModel:
         return self.profile.step_s(p, d, kv, comp.prefill_context)
 
 
-StepModel = LinearStepModel | ProfileStepModel
+class StepModel(Protocol):
+    """What the engines need of a step-time model (linear, measured profile, roofline)."""
+
+    def step_s(self, comp: Composition) -> float:
+        """Seconds one step of this composition takes."""
+        ...

@@ -1,0 +1,176 @@
+"""``servelab fit`` and ``servelab plan``: the roofline step model's commands.
+
+``fit`` learns the coefficients of ``service.kind: llm_roofline`` from measured step profiles;
+``plan`` asks the simulator which device × tensor parallelism × replica count is cheapest
+for a model, a load and SLOs. :func:`register` adds them to the CLI's typer app (the CLI's
+helpers are imported when a command runs: :mod:`servelab.cli` imports this module).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from sim.experiments.plan import Candidate
+
+
+def fit_cmd(
+    profile: Annotated[list[str], typer.Option(
+        "--profile", help="A step profile (calibrate --model llm), path or builtin:NAME "
+        "(repeatable: fit one coefficient set over several models).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Coefficients JSON to write.")],
+    device: Annotated[str | None, typer.Option(
+        help="Device sheet of GPU profiles: h100-sxm | a100-80gb | l40s | h200 | PATH.yaml "
+             "(CPU profiles use the cpu sheet).")] = None,
+    holdout: Annotated[float, typer.Option(
+        help="Share of the measured steps held out of the fit and reported.")] = 0.25,
+    seed: Annotated[int, typer.Option(help="Seeds the held-out split.")] = 0,
+    name: Annotated[str | None, typer.Option(help="Name stored in the file.")] = None,
+) -> None:
+    """Fit the roofline step model's coefficients to measured step profiles.
+
+    Non-negative least squares on the relative error of every measured step; prints the
+    coefficients and the error on the steps held out. Use the file as
+    ``service.coefficients`` of an ``llm_roofline`` scenario.
+    """
+    from servelab.cli import USER_ERRORS, console, fail
+    from sim.scenario.roofline.fit import fit, load_profile_data
+    from sim.scenario.roofline.model import UNITS
+
+    try:
+        data = [load_profile_data(p, device) for p in profile]
+        coeffs = fit(data, holdout=holdout, seed=seed, name=name or out.stem)
+        path = coeffs.save(out)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    table = Table(title=f"coefficients ({sum(len(d.rows) for d in data)} measured steps)")
+    table.add_column("term")
+    table.add_column("β", justify="right")
+    table.add_column("unit")
+    for term, value in coeffs.values.items():
+        table.add_row(term, f"{value:.4g}", UNITS[term])
+    console.print(table)
+    result = coeffs.meta["fit"]
+    for split in ("train", "held_out"):
+        e = result[split]
+        if e.get("n"):
+            console.print(f"{split}: {e['n']} steps, |error| median {e['median_abs']:.1%}, "
+                          f"p90 {e['p90_abs']:.1%}, mean signed {e['mean_signed']:+.1%}")
+    if result["not_identified"]:
+        console.print(f"not identified by these profiles (left at 0): "
+                      f"{', '.join(result['not_identified'])}")
+    console.print(f"coefficients: {path}")
+
+
+def _devices(specs: list[str]) -> dict[str, float]:
+    from sim.errors import UserError
+
+    out = {}
+    for spec in specs:
+        name, _, price = spec.partition("=")
+        try:
+            out[name] = float(price)
+        except ValueError:
+            raise UserError(f"--device {spec!r}: give NAME=PRICE_PER_GPU_HOUR, e.g. "
+                            "h100-sxm=3.0") from None
+        if out[name] < 0:
+            raise UserError(f"--device {spec!r}: the price must be >= 0")
+    return out
+
+
+def plan_cmd(
+    model: Annotated[str, typer.Option(
+        help="config.json (or its folder) or builtin:NAME (llama-3.1-8b, qwen2.5-7b, ...).")],
+    device: Annotated[list[str], typer.Option(
+        help="NAME=PRICE per GPU-hour, e.g. h100-sxm=3.0 (repeatable; a sheet name or "
+             "PATH.yaml).")],
+    slo: Annotated[list[str], typer.Option(
+        help="METRIC_STAT_ms=LIMIT, e.g. ttft_p99_ms=1000 (repeatable; every one must "
+             "hold).")],
+    rate_rps: Annotated[float, typer.Option(help="Poisson arrival rate.")] = 2.0,
+    prompt_tokens: Annotated[int, typer.Option(help="Mean prompt length (lognormal).")] = 1000,
+    output_tokens: Annotated[int, typer.Option(help="Mean output length (lognormal).")] = 200,
+    cv: Annotated[float, typer.Option(help="Token lengths' coefficient of variation.")] = 1.0,
+    n_requests: Annotated[int, typer.Option(help="Requests per simulation.")] = 400,
+    tp: Annotated[str, typer.Option(help="Tensor-parallel sizes to try.")] = "1,2,4,8",
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        help="vLLM's per-step token budget.")] = 8192,
+    coefficients: Annotated[str, typer.Option(
+        help="builtin | builtin:NAME | PATH (servelab fit).")] = "builtin",
+    seeds: Annotated[int, typer.Option(help="Seeds per candidate (all must hold).")] = 2,
+    max_replicas: Annotated[int, typer.Option(help="Most replicas tried.")] = 16,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the plan as JSON and a Plotly HTML chart here.")] = None,
+) -> None:
+    """The cheapest device × tensor parallelism × replicas that hold the SLOs (simulated with
+    the roofline step model; vLLM's scheduler, chunked prefill).
+    """
+    from servelab.cli import USER_ERRORS, console, fail
+    from sim.errors import UserError
+    from sim.experiments.plan import Slo, plan
+
+    try:
+        tps = [int(v) for v in tp.split(",")]
+    except ValueError:
+        fail(f"--tp {tp!r}: give sizes separated by commas, e.g. 1,2,4")
+        return
+    tokens = [{"dist": "lognormal", "mean": n, "cv": cv} for n in (prompt_tokens,
+                                                                  output_tokens)]
+    base = {"name": "plan", "warmup_s": 0,
+            "service": {"kind": "llm_roofline", "model": model, "device": "cpu",
+                        "coefficients": coefficients},
+            "workload": {"kind": "poisson", "rate_rps": rate_rps, "n_requests": n_requests,
+                         "prompt_tokens": tokens[0], "output_tokens": tokens[1]},
+            "policy": {"kind": "vllm", "max_num_seqs": 256,
+                       "max_num_batched_tokens": max_num_batched_tokens}}
+    try:
+        if min(tps) < 1:
+            raise UserError(f"--tp {tp!r}: sizes must be >= 1")
+        rows = plan(base, _devices(device), tps, [Slo.parse(s) for s in slo], seeds,
+                    max_replicas)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    table = Table(title=f"{model} at {rate_rps:g} req/s (simulated; {seeds} seeds each)")
+    keys = next((list(r.metrics) for r in rows if r.metrics), [])
+    for col in ("device", "tp", "replicas", "$/hour", *(f"{k} (seeds)" for k in keys),
+                "step fit held-out err", "note"):
+        table.add_column(col)
+    for r in rows:
+        spread = [f"{min(r.metrics[k]):.0f}-{max(r.metrics[k]):.0f}" if k in r.metrics
+                  else "" for k in keys]
+        table.add_row(r.device, str(r.tp), str(r.replicas or "-"),
+                      f"{r.cost_per_hour:.2f}" if r.cost_per_hour is not None else "-",
+                      *spread, f"{r.fit_error:.0%}" if r.fit_error is not None else "n/a",
+                      r.note)
+    console.print(table)
+    if out is not None:
+        _write_plan(out, rows)
+        console.print(f"plan: {out}")
+
+
+def _write_plan(out: Path, rows: list[Candidate]) -> None:
+    import json
+    from dataclasses import asdict
+
+    import plotly.graph_objects as go
+
+    out.mkdir(parents=True, exist_ok=True)
+    data = [{**asdict(r), "cost_per_hour": r.cost_per_hour} for r in rows]
+    (out / "plan.json").write_text(json.dumps(data, indent=1) + "\n")
+    held = [d for d in data if d["cost_per_hour"] is not None]
+    fig = go.Figure(go.Bar(x=[f"{d['device']} tp{d['tp']} ×{d['replicas']}" for d in held],
+                           y=[d["cost_per_hour"] for d in held]))
+    fig.update_layout(title="Fleets that hold the SLOs", yaxis_title="$ per hour")
+    fig.write_html(out / "plan.html", include_plotlyjs="cdn")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fit`` and ``plan`` to the CLI."""
+    app.command("fit")(fit_cmd)
+    app.command("plan")(plan_cmd)

@@ -1,0 +1,1 @@
+"""The roofline LLM step model: model shapes, device sheets, coefficients, fitting."""
