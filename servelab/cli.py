@@ -649,6 +649,11 @@ def profile_compare(
         fail(str(exc))
 
 
+from servelab.endpoint_cli import register  # noqa: E402  (bench, server)
+
+register(app)
+
+
 def main() -> None:
     """Console-script entry point.
 
