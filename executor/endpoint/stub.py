@@ -10,7 +10,7 @@ every chunk as vLLM's ``continuous_usage_stats`` does. The model name chooses a 
 * ``cut``: closes the connection after half the tokens;
 * ``malformed``: the second chunk is not JSON;
 * ``few`` / ``many``: one token fewer / more than asked, then ``[DONE]``;
-* ``slow:SECONDS``: waits that long before answering.
+* ``slow:SECONDS``: sends the headers, then waits that long before the first token.
 
 Run it with ``python -m executor.endpoint.stub --port N``; it prints ``ready`` when serving.
 It also answers ``/health``, ``/v1/models`` and a ``/metrics`` page in vLLM's format.
@@ -68,10 +68,10 @@ class Stub:
             if status != 200:
                 return web.json_response({"error": {"message": "stub error", "code": status}},
                                          status=status)
-        if mode == "slow":
-            await asyncio.sleep(float(args[0]) if args else 60.0)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if mode == "slow":
+            await asyncio.sleep(float(args[0]) if args else 60.0)
         count = n - 1 if mode == "few" else n + 1 if mode == "many" else n
         ttft_s = float(args[0]) / 1e3 if mode == "timed" and args else 0.0
         itl_s = float(args[1]) / 1e3 if mode == "timed" and len(args) > 1 else 0.0

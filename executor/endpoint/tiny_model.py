@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-SHAPE = {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+SHAPE: dict[str, Any] = {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
          "num_key_value_heads": 4, "intermediate_size": 688, "vocab_size": 2000,
          "max_position_embeddings": 4096}
 WORDS = ("the a queue batch token server request arrives waits prefill decode step cache "
@@ -45,12 +46,11 @@ def write(out: Path) -> None:
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(corpus(), vocab_size=SHAPE["vocab_size"], min_frequency=1,
                             special_tokens=["<s>", "</s>", "<unk>"], show_progress=False)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>",
-                                  eos_token="</s>", unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     tok.save_pretrained(out)
     torch.manual_seed(0)
-    config = LlamaConfig(**SHAPE, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
-                         torch_dtype="float32")
+    config = LlamaConfig(**SHAPE, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
     LlamaForCausalLM(config).save_pretrained(out)
     (out / "servelab_tokenizer_vocab.json").write_text(json.dumps(
         {"tokenizer_vocab": len(tok), "model_vocab": SHAPE["vocab_size"]}))
