@@ -188,7 +188,7 @@ class VllmServer:
         return [str(self.env.python), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(self.env.model_dir), "--served-model-name", MODEL_NAME,
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
-                "--max-model-len", "4096", "--disable-log-stats", *self.args]
+                "--max-model-len", "4096", *self.args]
 
     def start(self, timeout_s: float = 900.0) -> VllmServer:
         """Start the server and wait for ``/health``; return self.
