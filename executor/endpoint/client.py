@@ -97,55 +97,82 @@ class StreamError(Exception):
 
 async def _read_stream(resp: aiohttp.ClientResponse, out: Outcome, t0: float,
                        chat: bool) -> bool:
-    """Read the SSE stream into ``out``; return whether ``[DONE]`` came."""
+    """Read the SSE stream into ``out``; return whether ``[DONE]`` came.
+
+    Reads whatever bytes have arrived (one await per network read, not per line) and stamps
+    every complete line in them with the read's time: lines that arrived together have one
+    arrival time.
+    """
     clock = time.perf_counter
-    last_usage = 0
-    async for raw in resp.content:
-        line = raw.strip()
-        if not line or line.startswith(b":"):
-            continue  # event separators and SSE comments (pings)
+    state = [0]  # the last cumulative completion_tokens seen
+    buffer = b""
+    async for piece in resp.content.iter_any():
         now = clock() - t0
-        if not line.startswith(b"data:"):
-            if line.startswith((b"event:", b"id:", b"retry:")):
-                continue
-            raise StreamError("malformed_sse", f"not an SSE line: {line[:60]!r}")
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            return True
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise StreamError("malformed_sse", f"chunk is not JSON: {data[:60]!r}") from None
-        if not isinstance(chunk, dict):
-            raise StreamError("malformed_sse", f"chunk is not an object: {data[:60]!r}")
-        if "error" in chunk:
-            raise StreamError("stream_error", f"error in stream: {str(chunk['error'])[:120]}")
-        usage = chunk.get("usage") or {}
-        choices = chunk.get("choices")
-        if choices:
-            if chat and not any(c.get("delta", {}).get("content") is not None
-                                for c in choices if isinstance(c, dict)):
-                continue  # the role-only first delta carries no token
-            total = usage.get("completion_tokens")
-            n = int(total) - last_usage if isinstance(total, int) else 1
-            last_usage = int(total) if isinstance(total, int) else last_usage + 1
-            out.chunk_s.append(now)
-            out.chunk_tokens.append(n)
-        if usage:
-            if isinstance(usage.get("prompt_tokens"), int):
-                out.server_prompt_tokens = int(usage["prompt_tokens"])
-            if isinstance(usage.get("completion_tokens"), int):
-                out.server_output_tokens = int(usage["completion_tokens"])
+        buffer += piece
+        if b"\n" not in buffer:
+            continue
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            if _line(raw.strip(), now, out, chat, state):
+                return True
+    tail = buffer.strip()
+    return bool(tail) and _line(tail, clock() - t0, out, chat, state)
+
+
+def _line(line: bytes, now: float, out: Outcome, chat: bool, state: list[int]) -> bool:
+    """Take one SSE line into ``out``; True at ``[DONE]``.
+
+    Raises:
+        StreamError: the line is not SSE, its data is not a JSON object, or it is an error.
+    """
+    if not line or line.startswith(b":"):
+        return False  # event separators and SSE comments (pings)
+    if not line.startswith(b"data:"):
+        if line.startswith((b"event:", b"id:", b"retry:")):
+            return False
+        raise StreamError("malformed_sse", f"not an SSE line: {line[:60]!r}")
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        return True
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise StreamError("malformed_sse", f"chunk is not JSON: {data[:60]!r}") from None
+    if not isinstance(chunk, dict):
+        raise StreamError("malformed_sse", f"chunk is not an object: {data[:60]!r}")
+    if "error" in chunk:
+        raise StreamError("stream_error", f"error in stream: {str(chunk['error'])[:120]}")
+    usage = chunk.get("usage") or {}
+    choices = chunk.get("choices")
+    if choices:
+        if chat and not any(c.get("delta", {}).get("content") is not None
+                            for c in choices if isinstance(c, dict)):
+            return False  # the role-only first delta carries no token
+        total = usage.get("completion_tokens")
+        n = int(total) - state[0] if isinstance(total, int) else 1
+        state[0] = int(total) if isinstance(total, int) else state[0] + 1
+        out.chunk_s.append(now)
+        out.chunk_tokens.append(n)
+    if usage:
+        if isinstance(usage.get("prompt_tokens"), int):
+            out.server_prompt_tokens = int(usage["prompt_tokens"])
+        if isinstance(usage.get("completion_tokens"), int):
+            out.server_output_tokens = int(usage["completion_tokens"])
     return False
 
 
-async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], job: Job,
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+async def send(session: aiohttp.ClientSession, url: str, body: bytes, job: Job,
                out: Outcome, t0: float, chat: bool, timeout_s: float | None) -> None:
-    """POST one request and record its stream into ``out`` (never raises but on cancel)."""
+    """POST one request (its JSON body, encoded) and record its stream into ``out`` (never
+    raises but on cancel).
+    """
     out.sent_s = time.perf_counter() - t0
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(url, json=body) as resp:
+            async with session.post(url, data=body, headers=JSON_HEADERS) as resp:
                 out.http_status = resp.status
                 if resp.status != 200:
                     text = (await resp.text())[:120]
@@ -237,10 +264,11 @@ class OpenLoop:
         tasks: set[asyncio.Task[None]] = set()
         async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                          auto_decompress=False) as session:
-            bodies = [payload(self.api, self.model, j, self.extra_body) for j in self.jobs]
+            bodies = [json.dumps(payload(self.api, self.model, j, self.extra_body)).encode()
+                      for j in self.jobs]
             self.t0 = t0 = time.perf_counter()
 
-            async def one(job: Job, body: dict[str, Any], out: Outcome) -> None:
+            async def one(job: Job, body: bytes, out: Outcome) -> None:
                 out.started_s = time.perf_counter() - t0
                 if limit is None:
                     await send(session, self.url, body, job, out, t0, chat,

@@ -73,6 +73,19 @@ class Stub:
         if mode == "slow":
             await asyncio.sleep(float(args[0]) if args else 60.0)
         count = n - 1 if mode == "few" else n + 1 if mode == "many" else n
+        # a client that went away (cancelled at its deadline) needs no answer
+        with contextlib.suppress(ConnectionError):
+            await self._stream(resp, request, mode, n, count, prompt_tokens, chat, t0, args)
+        return resp
+
+    async def _stream(self, resp: web.StreamResponse, request: web.Request, mode: str, n: int,
+                      count: int, prompt_tokens: int, chat: bool, t0: float,
+                      args: list[str]) -> None:
+        if mode == "instant":  # every chunk in one write
+            await resp.write(b"".join(_chunk(i, prompt_tokens, chat) for i in range(count))
+                             + b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return
         ttft_s = float(args[0]) / 1e3 if mode == "timed" and args else 0.0
         itl_s = float(args[1]) / 1e3 if mode == "timed" and len(args) > 1 else 0.0
         for i in range(count):
@@ -82,14 +95,13 @@ class Stub:
             if mode == "cut" and i == n // 2:
                 assert request.transport is not None
                 request.transport.close()
-                return resp
+                return
             if mode == "malformed" and i == 1:
                 await resp.write(b"data: {not json\n\n")
                 continue
             await resp.write(_chunk(i, prompt_tokens, chat))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-        return resp
 
     async def models(self, request: web.Request) -> web.Response:
         """The model list."""

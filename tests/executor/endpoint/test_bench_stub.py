@@ -125,3 +125,11 @@ def test_max_concurrency_bounds_the_requests_in_flight(stub_url: str, tmp_path: 
     assert max(in_flight) <= 2
     assert req["client_wait_s"].max() > 0.05  # the later waves waited for a slot
     assert math.isfinite(result.summary["e2e_ms"]["p50"])
+
+
+def test_chat_api_counts_tokens_from_the_deltas(stub_url: str, tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "chat.yaml", n_requests=3, output_tokens=5)
+    result = bench(path, stub_url, api="openai-chat", model="instant")
+    assert (result.requests["status"] == "ok").all()
+    assert (result.requests["received_tokens"] == 5).all()
+    assert result.meta["device"]["api"] == "openai-chat"
