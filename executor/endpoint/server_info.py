@@ -106,7 +106,9 @@ def metrics(base: str) -> dict[str, Any] | None:
 
 
 def scheduling_config(metrics_page: dict[str, Any] | None) -> dict[str, Any]:
-    """The scheduling knobs a vLLM server exposes: block size, KV blocks, prefix caching."""
+    """The scheduling knobs a vLLM server exposes: block size, KV blocks and capacity in
+    tokens, prefix caching.
+    """
     if not metrics_page:
         return {}
     cache = metrics_page["info"].get("cache_config_info", {})
@@ -116,6 +118,8 @@ def scheduling_config(metrics_page: dict[str, Any] | None) -> dict[str, Any]:
     blocks = cache.get("num_gpu_blocks") or cache.get("num_cpu_blocks")
     if blocks and blocks.isdigit():
         out["num_blocks"] = int(blocks)
+    if cache.get("kv_cache_size_tokens", "").isdigit():
+        out["kv_capacity_tokens"] = int(cache["kv_cache_size_tokens"])
     if "enable_prefix_caching" in cache:
         out["enable_prefix_caching"] = cache["enable_prefix_caching"] == "True"
     return out

@@ -45,11 +45,14 @@ def test_bench_counts_tokens_and_matches_the_servers_own_metrics(vllm_server: An
     ours = (req["first_token_s"] - req["arrival_s"]).to_numpy() * 1e3
     assert ours.mean() >= server_ttft_ms * 0.9
     assert ours.mean() <= server_ttft_ms + 250.0
+    # the server's inter-token latency is per token; ours per chunk (vllm bench serve's), and
+    # a busy API server sends several tokens in one chunk: compare the per-token mean gap
     itl_n = _delta(result, "inter_token_latency_seconds_count")
-    if itl_n:  # the server's mean inter-token latency against ours (per chunk, 1 token each)
-        server_itl_ms = _delta(result, "inter_token_latency_seconds_sum") / itl_n * 1e3
-        assert result.summary["itl_ms"]["mean"] == pytest.approx(server_itl_ms, rel=0.5,
-                                                                 abs=3.0)
+    assert itl_n == 6 * 15
+    server_itl_ms = _delta(result, "inter_token_latency_seconds_sum") / itl_n * 1e3
+    ours_itl_ms = float((req["finish_s"] - req["first_token_s"]).sum() / itl_n * 1e3)
+    assert ours_itl_ms == pytest.approx(server_itl_ms, rel=0.15, abs=1.0)
+    assert result.summary["itl_ms"]["mean"] >= ours_itl_ms * 0.99  # per chunk >= per token
     tpot = ((req["finish_s"] - req["first_token_s"]) / 15).to_numpy() * 1e3
     assert result.summary["tpot_ms"]["p50"] == pytest.approx(float(np.median(tpot)))
 
