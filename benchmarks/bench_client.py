@@ -87,7 +87,8 @@ def main() -> None:
     stub = subprocess.Popen([sys.executable, "-m", "executor.endpoint.stub", "--port",
                              str(port)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert stub.stdout is not None and stub.stdout.readline().strip() == "ready"
+    assert stub.stdout is not None
+    assert stub.stdout.readline().strip() == "ready"
     rows: list[dict[str, float]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
