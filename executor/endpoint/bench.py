@@ -115,7 +115,10 @@ def _outcome_tables(outs: list[Outcome], jobs: list[Job], priority: np.ndarray,
         "id": np.array([o.index for o in outs], dtype=np.int64),
         "replica": np.zeros(n, dtype=np.int16),
         "priority": priority[[o.index for o in outs]] if n else np.zeros(0, dtype=np.int8),
-        "arrival_s": sent, "prompt_tokens": [jobs[o.index].prompt_tokens for o in outs],
+        # vllm bench serve's clock start; a request still waiting for a --max-concurrency
+        # slot when the run ended counts from when its turn came
+        "arrival_s": np.where(np.isfinite(sent), sent, started),
+        "prompt_tokens": [jobs[o.index].prompt_tokens for o in outs],
         "output_tokens": want, "first_token_s": first, "finish_s": finish,
         "status": pd.Categorical([o.status for o in outs]),
         "reason": [o.cause for o in outs], "preemptions": np.zeros(n, dtype=np.int64),

