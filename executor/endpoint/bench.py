@@ -5,7 +5,7 @@ The requests (arrival times, prompt and output lengths) are :func:`sim.llm.runne
 the schedule ``simulate`` and ``live`` use. Prompts are token ids (``/v1/completions``) of
 exactly the scenario's length, drawn at random per request so the server's prefix cache sees
 no accidental sharing; outputs are forced to the scenario's length (``max_tokens``,
-``min_tokens``, ``ignore_eos``). The tables and summary are the live engine's
+``ignore_eos``). The tables and summary are the live engine's
 (:func:`sim.llm.metrics.summarize_llm`), with ``driver = bench``; the server's steps are not
 visible, so ``steps.parquet`` and ``queue.parquet`` are empty, and ITL is re-computed per
 stream chunk as ``vllm bench serve`` computes it (see :mod:`executor.endpoint.client`).

@@ -67,11 +67,15 @@ class Outcome:
 
 
 def payload(api: str, model: str, job: Job, extra: dict[str, Any] | None) -> dict[str, Any]:
-    """The request body: stream, usage on every chunk, output forced to the job's length."""
+    """The request body: stream, usage on every chunk, output forced to the job's length
+    (``max_tokens`` with ``ignore_eos``, the body ``vllm bench serve --ignore-eos`` sends, so
+    the two clients load a server alike; ``min_tokens`` would be redundant with
+    ``ignore_eos``, and a server that stops early anyway is caught as ``too_few_tokens``).
+    """
     body: dict[str, Any] = {
         "model": model, "stream": True, "temperature": 0.0,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "ignore_eos": True, "min_tokens": job.output_tokens}
+        "ignore_eos": True}
     if api == "openai-chat":
         body["messages"] = [{"role": "user", "content": job.prompt}]
         body["max_completion_tokens"] = job.output_tokens
