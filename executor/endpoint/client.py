@@ -110,7 +110,12 @@ async def _read_stream(resp: aiohttp.ClientResponse, out: Outcome, t0: float,
     clock = time.perf_counter
     state = [0]  # the last cumulative completion_tokens seen
     buffer = b""
+    done = False
+    # read to the end even after [DONE]: a response left unread closes its connection
+    # instead of returning it to the pool (a new TCP connect per request)
     async for piece in resp.content.iter_any():
+        if done:
+            continue
         now = clock() - t0
         buffer += piece
         if b"\n" not in buffer:
@@ -118,9 +123,10 @@ async def _read_stream(resp: aiohttp.ClientResponse, out: Outcome, t0: float,
         *lines, buffer = buffer.split(b"\n")
         for raw in lines:
             if _line(raw.strip(), now, out, chat, state):
-                return True
+                done = True
+                break
     tail = buffer.strip()
-    return bool(tail) and _line(tail, clock() - t0, out, chat, state)
+    return done or (bool(tail) and _line(tail, clock() - t0, out, chat, state))
 
 
 def _line(line: bytes, now: float, out: Outcome, chat: bool, state: list[int]) -> bool:
