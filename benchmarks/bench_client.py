@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -83,6 +84,8 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=8)
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
+    # SIGTERM ends the run through the finally below, so the stub does not outlive it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     port = free_port()
     stub = subprocess.Popen([sys.executable, "-m", "executor.endpoint.stub", "--port",
                              str(port)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
