@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from calibration.profile import builtin_profiles
+from servelab.endpoint_cli import register as register_endpoint
 from servelab.roofline_cli import register as register_roofline
 from sim.errors import UserError
 from sim.scenario.llm import LlmScenario
@@ -651,6 +652,7 @@ def profile_compare(
 
 
 register_roofline(app)  # servelab fit, servelab plan
+register_endpoint(app)  # servelab bench, servelab server
 
 
 def main() -> None:

@@ -1,0 +1,294 @@
+"""``bench(scenario, endpoint) -> LlmResult``: measure a server behind an OpenAI-compatible
+endpoint on the scenario's own arrival schedule, and write the run directory ``live`` writes.
+
+The requests (arrival times, prompt and output lengths) are
+:func:`sim.drivers.llm_simulate.llm_schedule`'s,
+the schedule ``simulate`` and ``live`` use. Prompts are token ids (``/v1/completions``) of
+exactly the scenario's length, drawn at random per request so the server's prefix cache sees
+no accidental sharing; outputs are forced to the scenario's length (``max_tokens``,
+``ignore_eos``). The tables and summary are the live engine's
+(:func:`sim.metrics.llm.summarize_llm`), with ``driver = bench``; the server's steps are not
+visible, so ``steps.parquet`` and ``queue.parquet`` are empty, and ITL is re-computed per
+stream chunk as ``vllm bench serve`` computes it (see :mod:`executor.endpoint.client`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import resource
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from executor.endpoint import server_info
+from executor.endpoint.client import APIS, Job, OpenLoop, Outcome, payload
+from executor.endpoint.server_info import EndpointError
+from sim.drivers.llm_simulate import LlmResult, default_drain_s, horizon_s, llm_schedule
+from sim.metrics.llm import summarize_llm
+from sim.metrics.rundir import run_meta
+from sim.metrics.summary import _stats_ms
+from sim.scenario.llm import load_llm_scenario
+
+LAG_FLAG_MS = 5.0
+STEP_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "prefill_context",
+                "decode_seqs", "kv_tokens", "num_seqs", "kv_blocks_used", "waiting", "preempted")
+
+
+def make_jobs(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, api: str,
+              seed: int, token_ids: tuple[int, int]) -> list[Job]:
+    """One job per request: token-id prompts of exactly the scenario's length (chat: that
+    many random words; the server's tokenizer decides their token count).
+    """
+    rng = np.random.default_rng([seed, 29])
+    lo, hi = token_ids
+    jobs = []
+    for i, (t, p, o) in enumerate(zip(arrival_s, prompt, output, strict=True)):
+        ids = rng.integers(lo, hi, size=int(p))
+        text: list[int] | str = ids.tolist() if api == "openai-completions" else \
+            " ".join(f"w{v}" for v in ids.tolist())
+        jobs.append(Job(i, float(t), text, int(p), int(o)))
+    return jobs
+
+
+def preflight(url: str, api: str, model: str) -> None:
+    """One tiny request before the run: a wrong path or a refused body is one clear error
+    instead of a run of failures.
+
+    Raises:
+        EndpointError: not reachable, 404, or the server refuses the request's fields.
+    """
+    body = payload(api, model, Job(-1, 0.0, [11] if api == "openai-completions" else "hi",
+                                   1, 1), None)
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        # the status is all it needs: the stream itself (slow, broken) is the run's to measure
+        urllib.request.urlopen(req, timeout=60).close()
+    except urllib.error.HTTPError as exc:
+        detail = " ".join(exc.read().decode(errors="replace").split())[:160]
+        if exc.code == 404:
+            raise EndpointError(f"POST {url}: 404 Not Found — is --endpoint the server's base "
+                                "URL (http://HOST:PORT) and --api "
+                                f"({', '.join(APIS)}) the one it serves? {detail}") from None
+        raise EndpointError(f"POST {url}: HTTP {exc.code} for a 1-token test request "
+                            f"(model {model!r}): {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise EndpointError(f"cannot reach {url}: {server_info._reason(exc)}") from None
+
+
+def _outcome_tables(outs: list[Outcome], jobs: list[Job], priority: np.ndarray,
+                    ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, pd.DataFrame]:
+    """Requests (live's columns + the client's), token_s, token_offset, tokens."""
+    n = len(outs)
+    want = np.array([jobs[o.index].output_tokens for o in outs], dtype=np.int64)
+    offset = np.concatenate(([0], np.cumsum(want))).astype(np.int64)
+    token_s = np.full(int(offset[-1]), np.nan)
+    ids, index, times, chunk = [], [], [], []
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    for k, o in enumerate(outs):
+        j = 0
+        for c, (t, m) in enumerate(zip(o.chunk_s, o.chunk_tokens, strict=True)):
+            for _ in range(m):
+                if j < want[k]:
+                    token_s[offset[k] + j] = t
+                ids.append(k)
+                index.append(j)
+                times.append(t)
+                chunk.append(c)
+                j += 1
+        if o.chunk_s:
+            first[k] = o.chunk_s[0]
+            if o.status == "ok":
+                finish[k] = o.chunk_s[-1]
+    sent = np.array([o.sent_s for o in outs])
+    started = np.array([o.started_s for o in outs])
+    requests = pd.DataFrame({
+        "id": np.array([o.index for o in outs], dtype=np.int64),
+        "replica": np.zeros(n, dtype=np.int16),
+        "priority": priority[[o.index for o in outs]] if n else np.zeros(0, dtype=np.int8),
+        # vllm bench serve's clock start; a request still waiting for a --max-concurrency
+        # slot when the run ended counts from when its turn came
+        "arrival_s": np.where(np.isfinite(sent), sent, started),
+        "prompt_tokens": [jobs[o.index].prompt_tokens for o in outs],
+        "output_tokens": want, "first_token_s": first, "finish_s": finish,
+        "status": pd.Categorical([o.status for o in outs]),
+        "reason": [o.cause for o in outs], "preemptions": np.zeros(n, dtype=np.int64),
+        "work_tokens": [jobs[o.index].prompt_tokens + int(w) - 1 for o, w in zip(
+            outs, want, strict=True)],
+        "scheduled_s": [o.scheduled_s for o in outs], "send_lag_s": started - np.array(
+            [o.scheduled_s for o in outs]), "client_wait_s": sent - started,
+        "received_tokens": [o.received for o in outs],
+        "server_prompt_tokens": [o.server_prompt_tokens for o in outs],
+        "http_status": np.array([o.http_status for o in outs], dtype=np.int16),
+        "error": [o.error for o in outs]})
+    tokens = pd.DataFrame({"id": np.array(ids, dtype=np.int32),
+                           "index": np.array(index, dtype=np.int32),
+                           "time_s": np.array(times, dtype=float),
+                           "chunk": np.array(chunk, dtype=np.int32)})
+    return requests, token_s, offset, tokens
+
+
+def chunk_itl_s(outs: list[Outcome], lo_s: float) -> np.ndarray:
+    """Gaps between consecutive choice chunks of the ok requests sent at or after ``lo_s``
+    (``vllm bench serve``'s ITL: per chunk).
+    """
+    gaps = [np.diff(o.chunk_s) for o in outs if o.status == "ok" and o.sent_s >= lo_s]
+    return np.concatenate(gaps) if gaps else np.empty(0)
+
+
+def bench_summary(requests: pd.DataFrame, token_s: np.ndarray, offset: np.ndarray,
+                  outs: list[Outcome], *, warmup_s: float, window_end_s: float, end_s: float,
+                  ttft_slo_ms: float | None, tpot_slo_ms: float | None,
+                  cpu_share: float) -> dict[str, Any]:
+    """Live's summary of the measured requests, plus the client's own health."""
+    steps = pd.DataFrame({c: np.empty(0) for c in STEP_COLUMNS})
+    queue = pd.DataFrame({"time_s": np.empty(0), "queue": np.empty(0, dtype=np.int32),
+                          "length": np.empty(0, dtype=np.int64)})
+    summary = summarize_llm(requests, token_s, offset, steps, queue, warmup_s=warmup_s,
+                            horizon_s=window_end_s, end_s=end_s, num_blocks=None,
+                            ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms, driver="bench")
+    summary["itl_ms"] = _stats_ms(chunk_itl_s(outs, warmup_s))
+    summary["utilization"] = None  # the server's busy time is not visible from outside
+    lag = requests["send_lag_s"].to_numpy(float)
+    lag = lag[np.isfinite(lag)]
+    lag_ms = _stats_ms(lag)
+    failed = requests[requests["status"].astype(str) == "failed"]
+    causes = failed["reason"].value_counts().to_dict()
+    p99 = lag_ms.get("p99")
+    summary["client"] = {
+        "send_lag_ms": lag_ms,
+        "send_lag_flagged": bool(p99 is not None and math.isfinite(p99) and p99 > LAG_FLAG_MS),
+        "send_lag_limit_ms": LAG_FLAG_MS,
+        "cpu_share": cpu_share,
+        "errors_by_cause": {str(c): int(v) for c, v in sorted(causes.items()) if v},
+        "tokens_received": int(requests["received_tokens"].sum()) if len(requests) else 0,
+    }
+    return summary
+
+
+def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
+          model: str | None = None, overrides: list[str] | dict[str, Any] | None = None,
+          max_concurrency: int | None = None, drain_timeout_s: float | None = None,
+          request_timeout_s: float | None = None, token_ids: tuple[int, int] = (10, 250),
+          handle_signals: bool = False,
+          on_done: Callable[[Outcome], None] | None = None,
+          on_client: Callable[[OpenLoop], None] | None = None) -> LlmResult:
+    """Measure ``endpoint`` on an LLM scenario's schedule.
+
+    Args:
+        scenario: An LLM scenario (object, dict, path or ``builtin:NAME``).
+        endpoint: The server's base URL (``http://HOST:PORT``).
+        api: ``openai-completions`` (token-id prompts, exact lengths) or ``openai-chat``.
+        model: The model name to send; default: the first of ``/v1/models``.
+        overrides: Dotted-key scenario overrides.
+        max_concurrency: At most this many requests in flight (None: open loop).
+        drain_timeout_s: Stop this long after the horizon; the rest stays in flight.
+            Default: live's (the window's length, else 60 s).
+        request_timeout_s: Fail a request not complete after this long (cause ``timeout``).
+        token_ids: Prompt token ids are drawn from ``[lo, hi)``.
+        handle_signals: SIGINT and SIGTERM stop the run; what was measured is kept.
+        on_done: Called after each request (the progress bar).
+        on_client: Called with the client before it starts (tests stop runs with it).
+
+    Raises:
+        EndpointError: the endpoint is unreachable, answers 404 or refuses the request.
+        UserError: a bad scenario or flag.
+    """
+    if api not in APIS:
+        raise EndpointError(f"--api {api!r}: allowed: {', '.join(APIS)}")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise EndpointError(f"--max-concurrency {max_concurrency}: must be >= 1")
+    lo, hi = token_ids
+    if not 0 <= lo < hi:
+        raise EndpointError(f"--token-ids {lo}:{hi}: need 0 <= LO < HI")
+    scn = load_llm_scenario(scenario, overrides)
+    drain = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
+    if drain <= 0:
+        raise EndpointError(f"--drain-timeout-s {drain:g}: must be > 0")
+    base = server_info.base_url(endpoint)
+    listed = server_info.models(base)
+    names = [str(m.get("id")) for m in (listed or {}).get("data", []) if isinstance(m, dict)]
+    if model is None:
+        if not names:
+            raise EndpointError(f"{base}/v1/models lists no model: pass --model NAME")
+        model = names[0]
+    url = base + APIS[api]
+    preflight(url, api, model)
+    before = server_info.metrics(base)
+    schedule, prompt, output = llm_schedule(scn)
+    jobs = make_jobs(schedule.arrival_s, prompt, output, api, scn.seed, (lo, hi))
+    horizon = horizon_s(scn, schedule.arrival_s)
+    client = OpenLoop(url, api, model, jobs, deadline_s=horizon + drain,
+                      max_concurrency=max_concurrency, request_timeout_s=request_timeout_s,
+                      on_done=on_done)
+    if on_client is not None:
+        on_client(client)
+    outs = _run(client, handle_signals)
+    after = server_info.metrics(base)
+    requests, token_s, offset, tokens = _outcome_tables(outs, jobs, schedule.priority)
+    window_end = horizon if client.stopped_at_s is None else min(horizon, client.stopped_at_s)
+    summary = bench_summary(requests, token_s, offset, outs, warmup_s=scn.warmup_s,
+                            window_end_s=window_end, end_s=client.end_s,
+                            ttft_slo_ms=scn.slo.ttft_ms, tpot_slo_ms=scn.slo.tpot_ms,
+                            cpu_share=client.cpu_share)
+    counts = requests["status"].astype(str).value_counts().to_dict()
+    drain_timed_out = client.stopped_at_s is None and bool(
+        (requests["status"].astype(str) == "in_flight").any())
+    device = {"kind": "endpoint", "url": base, "api": api, "model": model}
+    meta = run_meta(scn, driver="bench", device=device,  # type: ignore[arg-type]
+                    extra={"kind": "llm", "end_s": client.end_s, "wall_s": client.wall_s,
+                           "status_counts": {k: int(v) for k, v in counts.items()},
+                           "stopped_early": client.stopped_at_s is not None,
+                           "stopped_s": client.stopped_at_s, "drain_timeout_s": drain,
+                           "drain_timed_out": drain_timed_out, "step_errors": [],
+                           "server_models": listed,
+                           "server_config": server_info.scheduling_config(before),
+                           "server_metrics_before": before, "server_metrics_after": after,
+                           "client_cpu_share": client.cpu_share,
+                           "max_concurrency": max_concurrency,
+                           "request_timeout_s": request_timeout_s,
+                           "prompt_token_ids": [lo, hi], "requests_planned": len(jobs),
+                           "requests_sent": len(outs),
+                           "planned_horizon_s": horizon if math.isfinite(horizon) else None})
+    empty_steps = pd.DataFrame({c: np.empty(0) for c in STEP_COLUMNS})
+    queue = pd.DataFrame({"time_s": np.empty(0), "queue": np.empty(0, dtype=np.int32),
+                          "length": np.empty(0, dtype=np.int64)})
+    return LlmResult(scn, summary, requests, empty_steps, tokens, queue, meta)
+
+
+def _run(client: OpenLoop, handle_signals: bool) -> list[Outcome]:
+    """Run the client on a fresh event loop, SIGINT/SIGTERM stopping it when asked; set its
+    wall time and CPU share (its process's CPU seconds / wall seconds).
+    """
+    loop = asyncio.new_event_loop()
+    main = threading.current_thread() is threading.main_thread()
+    handled = []
+    if handle_signals and main:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, client.stop)
+            handled.append(sig)
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    try:
+        outs = loop.run_until_complete(client.run())
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        loop.close()
+    wall = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    client.wall_s = wall
+    client.cpu_share = cpu / wall if wall > 0 else math.nan
+    return outs
+

@@ -1,0 +1,330 @@
+"""The open-loop streaming client: each request is sent at its scheduled time whatever the
+earlier ones are doing (no coordinated omission), in one process on one asyncio loop.
+
+Timing follows ``vllm bench serve`` (vllm-project/vllm,
+``vllm/benchmarks/lib/endpoint_request_func.py``, ``async_request_openai_completions``, and
+``vllm/benchmarks/serve.py``, ``calculate_metrics``): a request's clock starts just before its
+POST (``sent_s``); TTFT is the arrival of the first SSE chunk that carries a choice (its text
+may be empty); each later choice chunk adds one inter-token latency (the gap since the
+previous one, per chunk, not per token); E2E latency is the last choice chunk's arrival minus
+``sent_s``; TPOT is (E2E − TTFT) / (output tokens − 1). ``scheduled_s`` (the arrival the
+simulator uses) and the send lag (``sent_s − scheduled_s``) are kept beside it.
+
+Tokens per chunk: the growth of ``usage.completion_tokens`` when the server streams usage on
+every chunk (vLLM's ``stream_options.continuous_usage_stats``), else one per choice chunk.
+A request is ok only when its stream ended with ``[DONE]`` and it received exactly the
+output tokens asked for; otherwise it failed, with one of the causes in :data:`CAUSES`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+APIS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+CAUSES = ("refused", "http_NNN", "timeout", "stream_cut", "malformed_sse", "too_few_tokens",
+          "too_many_tokens", "stream_error", "client_error")  # http_NNN: the status, e.g. http_503
+
+
+@dataclass
+class Job:
+    """One request to send: when, what prompt, how many output tokens to force."""
+
+    index: int
+    scheduled_s: float
+    prompt: list[int] | str
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class Outcome:
+    """What the client saw of one request (times in s since the run's start)."""
+
+    index: int
+    scheduled_s: float
+    started_s: float = float("nan")  # the task ran (send lag = started - scheduled)
+    sent_s: float = float("nan")  # just before the POST (after any --max-concurrency wait)
+    chunk_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    status: str = "in_flight"  # ok | failed | in_flight
+    cause: str = ""
+    error: str = ""
+    http_status: int = 0
+    server_prompt_tokens: int = -1
+    server_output_tokens: int = -1
+
+    @property
+    def received(self) -> int:
+        """Output tokens received."""
+        return int(sum(self.chunk_tokens))
+
+
+def payload(api: str, model: str, job: Job, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """The request body: stream, usage on every chunk, output forced to the job's length
+    (``max_tokens`` with ``ignore_eos``, the body ``vllm bench serve --ignore-eos`` sends, so
+    the two clients load a server alike; ``min_tokens`` would be redundant with
+    ``ignore_eos``, and a server that stops early anyway is caught as ``too_few_tokens``).
+    """
+    body: dict[str, Any] = {
+        "model": model, "stream": True, "temperature": 0.0,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "ignore_eos": True}
+    if api == "openai-chat":
+        body["messages"] = [{"role": "user", "content": job.prompt}]
+        body["max_completion_tokens"] = job.output_tokens
+    else:
+        body["prompt"] = job.prompt
+        body["max_tokens"] = job.output_tokens
+    body.update(extra or {})
+    return body
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text[:200]
+
+
+class StreamError(Exception):
+    """A stream that cannot be read as SSE of the expected shape."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, out: Outcome, t0: float,
+                       chat: bool) -> bool:
+    """Read the SSE stream into ``out``; return whether ``[DONE]`` came.
+
+    Reads whatever bytes have arrived (one await per network read, not per line) and stamps
+    every complete line in them with the read's time: lines that arrived together have one
+    arrival time.
+    """
+    clock = time.perf_counter
+    state = [0]  # the last cumulative completion_tokens seen
+    buffer = b""
+    done = False
+    # read to the end even after [DONE]: a response left unread closes its connection
+    # instead of returning it to the pool (a new TCP connect per request)
+    async for piece in resp.content.iter_any():
+        if done:
+            continue
+        now = clock() - t0
+        buffer += piece
+        if b"\n" not in buffer:
+            continue
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            if _line(raw.strip(), now, out, chat, state):
+                done = True
+                break
+    tail = buffer.strip()
+    return done or (bool(tail) and _line(tail, clock() - t0, out, chat, state))
+
+
+def _line(line: bytes, now: float, out: Outcome, chat: bool, state: list[int]) -> bool:
+    """Take one SSE line into ``out``; True at ``[DONE]``.
+
+    Raises:
+        StreamError: the line is not SSE, its data is not a JSON object, or it is an error.
+    """
+    if not line or line.startswith(b":"):
+        return False  # event separators and SSE comments (pings)
+    if not line.startswith(b"data:"):
+        if line.startswith((b"event:", b"id:", b"retry:")):
+            return False
+        raise StreamError("malformed_sse", f"not an SSE line: {line[:60]!r}")
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        return True
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise StreamError("malformed_sse", f"chunk is not JSON: {data[:60]!r}") from None
+    if not isinstance(chunk, dict):
+        raise StreamError("malformed_sse", f"chunk is not an object: {data[:60]!r}")
+    if "error" in chunk:
+        raise StreamError("stream_error", f"error in stream: {str(chunk['error'])[:120]}")
+    usage = chunk.get("usage") or {}
+    choices = chunk.get("choices")
+    if choices:
+        if chat and not any(c.get("delta", {}).get("content") is not None
+                            for c in choices if isinstance(c, dict)):
+            return False  # the role-only first delta carries no token
+        total = usage.get("completion_tokens")
+        n = int(total) - state[0] if isinstance(total, int) else 1
+        state[0] = int(total) if isinstance(total, int) else state[0] + 1
+        out.chunk_s.append(now)
+        out.chunk_tokens.append(n)
+    if usage:
+        if isinstance(usage.get("prompt_tokens"), int):
+            out.server_prompt_tokens = int(usage["prompt_tokens"])
+        if isinstance(usage.get("completion_tokens"), int):
+            out.server_output_tokens = int(usage["completion_tokens"])
+    return False
+
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+async def send(session: aiohttp.ClientSession, url: str, body: bytes, job: Job,
+               out: Outcome, t0: float, chat: bool, timeout_s: float | None) -> None:
+    """POST one request (its JSON body, encoded) and record its stream into ``out`` (never
+    raises but on cancel).
+    """
+    out.sent_s = time.perf_counter() - t0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(url, data=body, headers=JSON_HEADERS) as resp:
+                out.http_status = resp.status
+                if resp.status != 200:
+                    text = (await resp.text())[:120]
+                    out.cause = f"http_{resp.status}"
+                    out.error = f"HTTP {resp.status} {resp.reason}: {' '.join(text.split())}"
+                    out.status = "failed"
+                    return
+                done = await _read_stream(resp, out, t0, chat)
+    except StreamError as exc:
+        out.status, out.cause, out.error = "failed", exc.cause, str(exc)
+        return
+    except TimeoutError:
+        out.status, out.cause = "failed", "timeout"
+        out.error = f"no complete answer within --request-timeout-s {timeout_s:g}"
+        return
+    except aiohttp.ClientConnectorError as exc:
+        out.status, out.cause, out.error = "failed", "refused", _one_line(exc)
+        return
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
+            ConnectionResetError) as exc:
+        out.status, out.cause, out.error = "failed", "stream_cut", _one_line(exc)
+        return
+    except aiohttp.ClientError as exc:
+        out.status, out.cause, out.error = "failed", "client_error", _one_line(exc)
+        return
+    got, want = out.received, job.output_tokens
+    if not done:
+        out.status, out.cause = "failed", "stream_cut"
+        out.error = f"stream ended without [DONE] after {got} of {want} tokens"
+    elif got < want:
+        out.status, out.cause = "failed", "too_few_tokens"
+        out.error = f"received {got} of {want} output tokens"
+    elif got > want:
+        out.status, out.cause = "failed", "too_many_tokens"
+        out.error = f"received {got} output tokens, asked for {want}"
+    else:
+        out.status = "ok"
+
+
+@dataclass
+class OpenLoop:
+    """Sends ``jobs`` at their scheduled times and collects :class:`Outcome` s.
+
+    Args:
+        url: The endpoint's full URL (base + the API's path).
+        api: ``openai-completions`` or ``openai-chat``.
+        model: The model name sent with each request.
+        jobs: In schedule order.
+        deadline_s: Stop at this time since the start; what is unfinished stays in flight.
+        max_concurrency: At most this many requests in flight (None: no limit; a request
+            waiting for a slot still counts its wait in its send lag's twin ``client_wait``).
+        request_timeout_s: A request without a complete answer after this long fails
+            (``timeout``); None: only the deadline ends it.
+        extra_body: Fields added to every request body.
+        on_done: Called after each request finishes (the progress bar).
+    """
+
+    url: str
+    api: str
+    model: str
+    jobs: Sequence[Job]
+    deadline_s: float
+    max_concurrency: int | None = None
+    request_timeout_s: float | None = None
+    extra_body: dict[str, Any] | None = None
+    on_done: Callable[[Outcome], None] | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+    stopped_at_s: float | None = None
+    end_s: float = 0.0
+    t0: float = 0.0
+    wall_s: float = 0.0
+    cpu_share: float = float("nan")
+
+    def stop(self) -> None:
+        """Stop sending; cancel what is in flight (kept as in flight)."""
+        if self.stopped_at_s is None:
+            self.stopped_at_s = time.perf_counter() - self.t0
+            self._stop.set()
+
+    async def run(self) -> list[Outcome]:
+        """Send every job on time (or until stopped or the deadline); return the outcomes of
+        the jobs that were sent.
+        """
+        self._stop = asyncio.Event()
+        limit = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
+        chat = self.api == "openai-chat"
+        connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        tasks: set[asyncio.Task[None]] = set()
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                         auto_decompress=False) as session:
+            bodies = [json.dumps(payload(self.api, self.model, j, self.extra_body)).encode()
+                      for j in self.jobs]
+            self.t0 = t0 = time.perf_counter()
+
+            async def one(job: Job, body: bytes, out: Outcome) -> None:
+                out.started_s = time.perf_counter() - t0
+                if limit is None:
+                    await send(session, self.url, body, job, out, t0, chat,
+                               self.request_timeout_s)
+                else:
+                    async with limit:
+                        await send(session, self.url, body, job, out, t0, chat,
+                                   self.request_timeout_s)
+                if self.on_done is not None:
+                    self.on_done(out)
+
+            for job, body in zip(self.jobs, bodies, strict=True):
+                if job.scheduled_s >= self.deadline_s:
+                    break
+                # the loop's timers wake up to 1 ms late (epoll rounds its timeout up): nap
+                # until 1 ms before, then yield to the other tasks until the time comes
+                wait = job.scheduled_s - (time.perf_counter() - t0)
+                while wait > 0 and not self._stop.is_set():  # short naps: a stop is seen
+                    await asyncio.sleep(min(wait - 0.001, 0.1) if wait > 0.001 else 0)
+                    wait = job.scheduled_s - (time.perf_counter() - t0)
+                if self._stop.is_set():
+                    break
+                out = Outcome(job.index, job.scheduled_s)
+                self.outcomes.append(out)
+                task = asyncio.get_running_loop().create_task(one(job, body, out))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks and not self._stop.is_set():
+                left = self.deadline_s - (time.perf_counter() - t0)
+                stopper = asyncio.ensure_future(self._stop.wait())
+                await self._drain(tasks, stopper, left)
+                stopper.cancel()
+            self.end_s = time.perf_counter() - t0
+            for task in list(tasks):  # past the deadline or stopped: censored
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+        return self.outcomes
+
+    async def _drain(self, tasks: set[asyncio.Task[None]], stopper: asyncio.Future[Any],
+                     left_s: float) -> None:
+        """Wait until every task is done, the stop is asked for, or ``left_s`` passes."""
+        end = time.perf_counter() + max(left_s, 0.0)
+        while tasks and not stopper.done():
+            remaining = end - time.perf_counter()
+            if remaining <= 0:
+                return
+            await asyncio.wait([*tasks, stopper], timeout=remaining,
+                               return_when=asyncio.FIRST_COMPLETED)

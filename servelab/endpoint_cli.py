@@ -1,0 +1,208 @@
+"""The commands that measure third-party servers: ``servelab bench`` and ``servelab server``
+(:func:`register` adds them to the main app).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+server_app = typer.Typer(no_args_is_help=True, help="Install and run a real LLM server "
+                         "(vLLM's CPU build with a tiny model) for tests and trials.")
+
+SERVERS = ("vllm",)
+
+
+def _cli() -> Any:
+    """servelab.cli, imported when a command runs (it imports this module to register)."""
+    from servelab import cli
+
+    return cli
+
+
+def _token_ids(text: str) -> tuple[int, int]:
+    fail = _cli().fail
+    try:
+        lo, hi = (int(v) for v in text.split(":"))
+    except ValueError:
+        fail(f"--token-ids {text!r}: expected LO:HI, e.g. 10:250")
+    return lo, hi
+
+
+def bench_cmd(
+    scenario: Annotated[str, typer.Argument(help="LLM scenario YAML path or builtin:NAME.")],
+    endpoint: Annotated[str, typer.Option(help="The server's base URL, e.g. "
+                                          "http://127.0.0.1:8000.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to write.")]
+    = None,
+    api: Annotated[str, typer.Option(help="openai-completions (token-id prompts of exact "
+                                     "length) | openai-chat")] = "openai-completions",
+    model: Annotated[str | None, typer.Option(help="Model name to send (default: the first "
+                                              "the server lists).")] = None,
+    max_concurrency: Annotated[int | None, typer.Option(
+        help="At most this many requests in flight (default: open loop, no limit).")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a scenario field, KEY=VALUE (repeatable).")] = None,
+    drain_timeout_s: Annotated[float | None, typer.Option(
+        help="Stop this long after the last arrival's window; unfinished requests are kept "
+        "as in flight (default: the window's length, else 60 s).")] = None,
+    request_timeout_s: Annotated[float | None, typer.Option(
+        help="Fail a request with no complete answer after this long (cause: timeout).")]
+    = None,
+    token_ids: Annotated[str, typer.Option(help="Prompt token ids are drawn from LO:HI.")]
+    = "10:250",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no table.")]
+    = False,
+) -> None:
+    """Measure a server behind an OpenAI-compatible endpoint on an LLM scenario's arrival
+    schedule (the one simulate and live use); write the run directory live writes.
+    Ctrl-C or SIGTERM stops the run and keeps what was measured.
+    """
+    from executor.endpoint.bench import bench
+    from sim.llm import is_llm_source
+
+    cli = _cli()
+    fail, USER_ERRORS = cli.fail, cli.USER_ERRORS  # noqa: N806
+
+    try:
+        if not is_llm_source(scenario):
+            fail(f"{scenario}: bench measures LLM scenarios (service.kind llm_linear or "
+                 "llm_profile)")
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    ids = _token_ids(token_ids)
+    progress = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
+                        console=cli.err_console, transient=True, disable=quiet)
+    task = progress.add_task("bench", total=None, failed=0)
+    failed = 0
+
+    def on_done(outcome: Any) -> None:
+        nonlocal failed
+        failed += outcome.status == "failed"
+        progress.update(task, advance=1, failed=failed)
+
+    def on_client(client: Any) -> None:
+        cli.err_console.print(f"bench: {len(client.jobs)} requests to {client.url} "
+                              f"(model {client.model})", highlight=False, soft_wrap=True)
+        progress.update(task, total=len(client.jobs))
+        progress.start()
+
+    try:
+        result = bench(scenario, endpoint, api=api, model=model, overrides=set_ or None,
+                       max_concurrency=max_concurrency, drain_timeout_s=drain_timeout_s,
+                       request_timeout_s=request_timeout_s, token_ids=ids,
+                       handle_signals=True, on_done=on_done, on_client=on_client)
+    except USER_ERRORS as exc:
+        progress.stop()
+        fail(str(exc))
+        return
+    progress.stop()
+    if out is not None:
+        result.write(out)
+    _report(result, out, quiet)
+
+
+def _report(result: Any, out: Path | None, quiet: bool) -> None:
+    """The summary table and the client's health lines."""
+    from servelab.report import summary_table
+
+    console, err_console = _cli().console, _cli().err_console
+    summary, meta = result.summary, result.meta
+    client = summary["client"]
+    if meta["stopped_early"]:
+        err_console.print(f"[bold yellow]stopped[/] at {meta['stopped_s']:.1f} s: "
+                          f"{meta['requests_sent']} of {meta['requests_planned']} requests "
+                          "sent; what was measured is kept")
+    for cause, count in client["errors_by_cause"].items():
+        first = result.requests[result.requests["reason"] == cause]["error"].iloc[0]
+        err_console.print(f"[bold yellow]failed ({cause}):[/] {count} requests, e.g. {first}",
+                          highlight=False, soft_wrap=True)
+    if client["send_lag_flagged"]:
+        err_console.print(f"[bold yellow]warning:[/] send lag p99 "
+                          f"{client['send_lag_ms']['p99']:.1f} ms > "
+                          f"{client['send_lag_limit_ms']:g} ms: the client could not keep the "
+                          "schedule (a busy machine?); latencies still start at each send")
+    if not quiet:
+        early = ", stopped early" if meta["stopped_early"] else ""
+        console.print(summary_table(summary, title=f"{result.scenario.name} (bench{early})"))
+        lag = client["send_lag_ms"]
+        console.print(f"client: send lag p50/p99 {lag['p50']:.2f}/{lag['p99']:.2f} ms, "
+                      f"CPU share {client['cpu_share']:.0%} of a core, "
+                      f"{client['tokens_received']} tokens received")
+    if out is not None:
+        console.print(f"run directory: {out}")
+
+
+def server_install(name: Annotated[str, typer.Argument(help="vllm")] = "vllm") -> None:
+    """Create the server's own virtual environment and write the tiny model (once)."""
+    from executor.endpoint.servers import ensure_vllm
+
+    fail, USER_ERRORS, console = _cli().fail, _cli().USER_ERRORS, _cli().console  # noqa: N806
+    if name not in SERVERS:
+        fail(f"server {name!r}: allowed: {', '.join(SERVERS)}")
+    try:
+        env = ensure_vllm()
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    console.print(f"vLLM environment: {env.root}\nmodel: {env.model_dir}")
+
+
+def server_run(
+    name: Annotated[str, typer.Argument(help="vllm")] = "vllm",
+    port: Annotated[int, typer.Option(help="Loopback port (0: a free one).")] = 8000,
+    kv_cache_gib: Annotated[int, typer.Option(help="KV-cache space, whole GiB "
+                                                "(VLLM_CPU_KVCACHE_SPACE).")] = 1,
+    arg: Annotated[list[str] | None, typer.Option(
+        "--arg", help="Extra api_server flag, e.g. --arg=--max-num-batched-tokens=256 "
+        "(repeatable).")] = None,
+) -> None:
+    """Start vLLM's CPU build serving the tiny model on 127.0.0.1:PORT until Ctrl-C
+    (installing it first if needed).
+    """
+    from executor.endpoint.servers import VllmServer, ensure_vllm
+
+    cli = _cli()
+    fail, USER_ERRORS, console, err_console = (  # noqa: N806
+        cli.fail, cli.USER_ERRORS, cli.console, cli.err_console)
+    if name not in SERVERS:
+        fail(f"server {name!r}: allowed: {', '.join(SERVERS)}")
+    try:
+        server = VllmServer(ensure_vllm(), port=port, args=tuple(arg or ()),
+                            kv_cache_gib=kv_cache_gib)
+        err_console.print("starting vLLM (about a minute or two: warm-up compilation) …")
+        server.start()
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    console.print(f"serving tiny-llama at {server.url} (started in {server.started_s:.0f} s; "
+                  f"log {server.log_path}); Ctrl-C stops it")
+    stop = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stop and server.proc is not None and server.proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    console.print("server stopped")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``bench`` and ``server install|run`` to the main app."""
+    app.command("bench")(bench_cmd)
+    server_app.command("install")(server_install)
+    server_app.command("run")(server_run)
+    app.add_typer(server_app, name="server")

@@ -1,0 +1,87 @@
+"""Fixtures for the endpoint tests: the local stub server (fast) and a real vLLM server
+(slow; its environment is created on first use, once, and cached).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def env() -> dict[str, str]:
+    """The environment for subprocesses: this checkout's packages first."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+
+
+def write_scenario(path: Path, **workload: Any) -> Path:
+    """A small LLM scenario (constant arrivals unless told otherwise) written to ``path``."""
+    load = {"kind": "constant", "rate_rps": 20, "n_requests": 8, "prompt_tokens": 40,
+            "output_tokens": 8, **workload}
+    path.write_text(yaml.safe_dump({
+        "name": path.stem, "seed": 3,
+        "service": {"kind": "llm_linear", "base_ms": 5, "per_prefill_token_ms": 0.01,
+                    "per_decode_seq_ms": 0.1},
+        "workload": load,
+        "policy": {"kind": "vllm", "max_num_seqs": 16, "max_num_batched_tokens": 512,
+                   "block_size": 16, "num_gpu_blocks": 512},
+        "warmup_s": 0}))
+    return path
+
+
+def bench_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """``servelab bench ARGS`` in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "servelab.cli", "bench", *args],
+                          capture_output=True, text=True, timeout=timeout_s, env=env(),
+                          cwd=REPO)
+
+
+@pytest.fixture(scope="session")
+def stub_url() -> Iterator[str]:
+    """The stub server (``executor.endpoint.stub``) on a free loopback port."""
+    from executor.endpoint.servers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "executor.endpoint.stub", "--port",
+                             str(port)], stdout=subprocess.PIPE, text=True, env=env(),
+                            cwd=REPO)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+    proc.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A real vLLM (CPU build) serving the tiny model; the environment is installed on first
+    use (a progress line says so) and cached in ``$SERVELAB_SERVERS_DIR``.
+    ``$SERVELAB_TEST_VLLM_URL`` points the tests at a server already running instead.
+    """
+    from executor.endpoint.servers import VllmServer, ensure_vllm
+
+    running = os.environ.get("SERVELAB_TEST_VLLM_URL")
+    if running:  # a server the developer keeps running (`servelab server run vllm`)
+        yield type("Running", (), {"url": running.rstrip("/")})()
+        return
+    reporter = request.config.pluginmanager.getplugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+
+    server = VllmServer(ensure_vllm(progress=say))
+    say("servelab: starting vLLM on a loopback port (warm-up takes a minute or two) …")
+    server.start()
+    say(f"servelab: vLLM up at {server.url} in {server.started_s:.0f} s")
+    yield server
+    server.stop()
