@@ -41,7 +41,8 @@ def bench_cmd(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to write.")]
     = None,
     api: Annotated[str, typer.Option(help="openai-completions (token-id prompts of exact "
-                                     "length) | openai-chat")] = "openai-completions",
+                                     "length) | openai-chat; request-level scenarios: "
+                                     "kserve-v2 | http-json")] = "openai-completions",
     model: Annotated[str | None, typer.Option(help="Model name to send (default: the first "
                                               "the server lists).")] = None,
     max_concurrency: Annotated[int | None, typer.Option(
@@ -68,11 +69,17 @@ def bench_cmd(
 
     cli = _cli()
     fail, USER_ERRORS = cli.fail, cli.USER_ERRORS  # noqa: N806
+    if api in ("kserve-v2", "http-json"):  # request-level servers (servelab.request_endpoint_cli)
+        from servelab.request_endpoint_cli import bench_requests_cmd
 
+        bench_requests_cmd(scenario, endpoint, out, api, model, max_concurrency, set_,
+                           drain_timeout_s, request_timeout_s, quiet)
+        return
     try:
         if not is_llm_source(scenario):
             fail(f"{scenario}: bench measures LLM scenarios (service.kind llm_linear or "
-                 "llm_profile)")
+                 "llm_profile) with this --api; request-level scenarios take --api "
+                 "kserve-v2 or http-json")
     except USER_ERRORS as exc:
         fail(str(exc))
     ids = _token_ids(token_ids)
