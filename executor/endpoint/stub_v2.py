@@ -42,6 +42,8 @@ class Batcher:
         self.queue: list[asyncio.Future[int]] = []
         self.wake = asyncio.Event()
         self.sizes: list[int] = []
+        self.window_late_s: list[float] = []  # per batch: how late its timers fired (a busy
+        self.service_late_s: list[float] = []  # event loop), window and service apart
         self.task = asyncio.get_running_loop().create_task(self._loop())
 
     async def submit(self) -> int:
@@ -57,17 +59,24 @@ class Batcher:
                 self.wake.clear()
                 await self.wake.wait()
             deadline = time.perf_counter() + self.window_s
+            late = 0.0
             while len(self.queue) < self.max_size:
                 left = deadline - time.perf_counter()
                 if left <= 0:
+                    late = -left
                     break
                 self.wake.clear()
                 try:
                     await asyncio.wait_for(self.wake.wait(), left)
                 except TimeoutError:
+                    late = max(time.perf_counter() - deadline, 0.0)
                     break
             batch, self.queue = self.queue[:self.max_size], self.queue[self.max_size:]
-            await asyncio.sleep(self.base_s + self.per_item_s * len(batch))
+            service_s = self.base_s + self.per_item_s * len(batch)
+            t0 = time.perf_counter()
+            await asyncio.sleep(service_s)
+            self.window_late_s.append(late)
+            self.service_late_s.append(max(time.perf_counter() - t0 - service_s, 0.0))
             self.sizes.append(len(batch))
             for fut in batch:
                 if not fut.done():
@@ -151,9 +160,14 @@ class StubV2:
             "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, 2]}]})
 
     async def batches(self, request: web.Request) -> web.Response:
-        """``GET /stub/batches/{name}``: the sizes of the batches a ``batch`` model ran."""
+        """``GET /stub/batches/{name}``: the sizes of the batches a ``batch`` model ran, and
+        how late each one's timers (window, service) fired, in seconds.
+        """
         batcher = self.batchers.get(request.match_info["name"])
-        return web.json_response({"sizes": batcher.sizes if batcher else []})
+        return web.json_response({
+            "sizes": batcher.sizes if batcher else [],
+            "window_late_s": batcher.window_late_s if batcher else [],
+            "service_late_s": batcher.service_late_s if batcher else []})
 
     async def ready(self, request: web.Request) -> web.Response:
         """Up."""
