@@ -122,3 +122,63 @@ def calibrate_endpoint_cmd(endpoint: str, api: str, model: str | None, batch_siz
         return
     path = profile.save(out)
     console.print(f"profile: {path}")
+
+
+def ray_install() -> None:
+    """``servelab server install ray``: Ray Serve's own virtual environment (once)."""
+    from executor.endpoint.rayserve import ensure_ray
+
+    cli = _cli()
+    try:
+        env = ensure_ray()
+    except cli.USER_ERRORS as exc:
+        cli.fail(str(exc))
+        return
+    cli.console.print(f"Ray Serve environment: {env.root}")
+
+
+def ray_run(port: int, args: list[str]) -> None:
+    """``servelab server run ray [--arg KEY=VALUE ...]``: Ray Serve with the test deployment
+    (default: MiniLM, ``max_batch_size`` 8, ``batch_wait_timeout_s`` 0.005; keys as in
+    ``executor/endpoint/ray_app.py``, values as YAML) until Ctrl-C.
+    """
+    import signal
+    import time
+
+    import yaml
+
+    from executor.endpoint.rayserve import RayServeApp, ensure_ray
+
+    cli = _cli()
+    config: dict[str, Any] = {"model": "minilm", "model_name": "minilm", "max_batch_size": 8,
+                              "batch_wait_timeout_s": 0.005}
+    for item in args:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            cli.fail(f"--arg {item!r}: expected KEY=VALUE, e.g. --arg max_batch_size=16")
+        config[key.lstrip("-").replace("-", "_")] = yaml.safe_load(value)
+    try:
+        app = RayServeApp(ensure_ray(), config, port=port)
+        cli.err_console.print("starting Ray Serve (about a minute) …")
+        app.start()
+    except cli.USER_ERRORS as exc:
+        cli.fail(str(exc))
+        return
+    cli.console.print(f"Ray Serve: {config['model']} at {app.url}/v2/models/"
+                      f"{config.get('model_name', config['model'])}/infer (started in "
+                      f"{app.started_s:.0f} s; log {app.log_path}); Ctrl-C stops it")
+    stop = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stop and app.proc is not None and app.proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        app.stop()
+    cli.console.print("server stopped")

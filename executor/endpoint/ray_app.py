@@ -7,8 +7,8 @@ One deployment behind ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` ans
   ``/v2/models/{name}``, ``/v2/models/{name}/ready`` and ``POST /v2/models/{name}/infer``
   (one input tensor; its first dimension is the request's batch of items);
 * plain JSON: ``POST /predict`` with ``{"inputs": [...]}`` (the items);
-* ``GET /servelab/batches``: the batches the answering replica ran (size, start, finish),
-  for tests only: a black-box client cannot see batches;
+* ``GET /servelab/batches``: the batches the answering replica (its process id) ran (size,
+  start, finish), for tests only: a black-box client cannot see batches;
 * ``POST /servelab/config`` with ``max_batch_size`` and/or ``batch_wait_timeout_s``: change
   the answering replica's batcher at run time (Ray's ``set_max_batch_size`` /
   ``set_batch_wait_timeout_s``), so a test can calibrate with a window wider than a burst's
@@ -120,7 +120,7 @@ class Model:
             if path == f"/v2/models/{self.name}":
                 return JSONResponse(self._metadata())
             if path == "/servelab/batches":
-                return JSONResponse({"batches": self.batches})
+                return JSONResponse({"replica": os.getpid(), "batches": self.batches})
             return _error(404, f"no route GET {path}")
         try:
             body = await request.json()
