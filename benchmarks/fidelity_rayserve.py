@@ -135,7 +135,8 @@ def main() -> None:
                              "error": float((pred[key] - mean) / mean)})
     finally:
         app.stop()
-    out = {"load_average_at_end": os.getloadavg(), "profile_medians_ms": {str(b): profile.median_s(b) * 1e3 for b in (1, 2, 4, 8)},
+    out = {"load_average_at_end": os.getloadavg(),
+           "profile_medians_ms": {str(b): profile.median_s(b) * 1e3 for b in (1, 2, 4, 8)},
            "calibration_bursts": profile.meta["endpoint"]["bursts"], "rows": rows,
            "client_overhead": overhead, "runs": args.runs, "duration_s": args.duration_s}
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,15 @@ def ray_minilm(request: pytest.FixtureRequest) -> Iterator[Any]:
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=30) as resp:
         return json.loads(resp.read())
+
+
+def _post_one(url: str) -> None:
+    body = {"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32",
+                        "data": [0.5, 0.5]}]}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
 
 
 def _configure(url: str, **settings: float) -> None:
@@ -107,3 +117,57 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
     assert want >= got - 4 * se_ms - 4 * s1_se_ms  # the bias has the stated direction
     assert abs(ray_batches.mean() - predicted.summary["mean_batch_size"]) <= 0.5, (
         ray_batches.mean(), predicted.summary["mean_batch_size"])
+
+
+SLEEP = {"model": "sleep", "model_name": "sleep", "max_batch_size": 4,
+         "batch_wait_timeout_s": 0.005, "num_replicas": 2, "sleep_base_ms": 20.0,
+         "sleep_per_item_ms": 5.0}
+
+
+def test_two_replicas_with_ray_routing_against_p2c(tmp_path: Path) -> None:
+    # Two replicas of a sleep model (a batch of n takes 20 + 5 n ms whatever the CPU does),
+    # behind Ray's router (power of two choices); servelab predicts with routing p2c and the
+    # same batcher. The per-request path outside the replicas (proxy, router) is measured
+    # with single requests in this run and added to the prediction.
+    from executor.endpoint.rayserve import RayServeApp, ensure_ray
+
+    with RayServeApp(ensure_ray(), SLEEP) as app:
+        url = app.url
+        singles = []
+        for _ in range(15):
+            t0 = time.perf_counter()
+            _post_one(f"{url}/v2/models/sleep/infer")
+            singles.append(time.perf_counter() - t0)
+        # a lone request waits the 5 ms window, then runs 25 ms
+        overhead_ms = 1e3 * float(np.median(singles)) - 5.0 - 25.0
+        scenario = {"name": "ray-2", "seed": 9,
+                    "service": {"kind": "linear", "base_ms": 20, "per_item_ms": 5,
+                                "deterministic": True},
+                    "workload": {"kind": "poisson", "rate_rps": 60, "duration_s": 10},
+                    "policy": {"kind": "dynamic", "max_batch_size": 4, "max_wait_ms": 5,
+                               "timer": "first"},
+                    "replicas": 2, "routing": "p2c", "warmup_s": 1,
+                    "payload": {"model": "sleep", "inputs": [{"name": "input",
+                                                              "datatype": "FP32",
+                                                              "shape": [-1, 2]}]}}
+        measured = bench_requests(scenario, url, api="kserve-v2")
+        logs: dict[int, list[Any]] = {}
+        for _ in range(20):  # each GET reaches one replica; collect both logs
+            data = _get(f"{url}/servelab/batches")
+            logs[data["replica"]] = data["batches"]
+    predicted = sim.run(scenario)
+    assert measured.summary["failed"] == 0
+    assert len(logs) == 2  # Ray spread the requests over both replicas
+    ok = measured.requests[(measured.requests["status"] == "ok")
+                           & (measured.requests["arrival_s"] >= 1)]
+    lat_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
+    se_ms = float(lat_ms.std(ddof=1) / math.sqrt(lat_ms.size))
+    spread_ms = float(np.std(singles, ddof=1) / math.sqrt(len(singles))) * 1e3
+    got = float(lat_ms.mean())
+    want = predicted.summary["latency_ms"]["mean"] + overhead_ms
+    # 4 standard errors of the measured mean and of the overhead's estimate (its median's
+    # spread), and 2 ms for the replicas' asyncio timers on a busy machine
+    tolerance = 4 * math.hypot(se_ms, 1.25 * spread_ms) + 2.0
+    assert abs(got - want) <= tolerance, (got, want, tolerance, overhead_ms)
+    sizes = np.array([b[0] for log in logs.values() for b in log])
+    assert sizes.max() <= 4
