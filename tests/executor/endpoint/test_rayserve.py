@@ -166,8 +166,17 @@ def test_two_replicas_with_ray_routing_against_p2c(tmp_path: Path) -> None:
     got = float(lat_ms.mean())
     want = predicted.summary["latency_ms"]["mean"] + overhead_ms
     # 4 standard errors of the measured mean and of the overhead's estimate (its median's
-    # spread), and 2 ms for the replicas' asyncio timers on a busy machine
-    tolerance = 4 * math.hypot(se_ms, 1.25 * spread_ms) + 2.0
+    # spread), and the overhead itself: it was measured on an idle server, and under load
+    # the proxy and router share the 2 cores with the client (measured: +9 ms at 60 req/s)
+    tolerance = 4 * math.hypot(se_ms, 1.25 * spread_ms) + overhead_ms
     assert abs(got - want) <= tolerance, (got, want, tolerance, overhead_ms)
     sizes = np.array([b[0] for log in logs.values() for b in log])
     assert sizes.max() <= 4
+    # Ray's power of two choices balances the replicas as servelab's p2c does
+    per_replica = [sum(b[0] for b in log) for log in logs.values()]
+    share = per_replica[0] / sum(per_replica)
+    assert abs(share - 0.5) <= 4 * math.sqrt(0.25 / sum(per_replica)) + 0.05, per_replica
+    sim_batch = predicted.summary["mean_batch_size"]
+    se_batch = float(sizes.std(ddof=1) / math.sqrt(sizes.size))
+    assert abs(sizes.mean() - sim_batch) <= 4 * se_batch + 0.15 * sim_batch, (
+        sizes.mean(), sim_batch)
