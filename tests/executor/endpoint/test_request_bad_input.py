@@ -154,3 +154,38 @@ def test_a_signal_mid_run_keeps_what_was_measured(stub_url: str, tmp_path: Path,
     meta = json.loads((out / "meta.json").read_text())
     assert meta["stopped_early"] is True and meta["requests_sent"] == len(requests)
     assert meta["driver"] == "bench" and "batches" in meta["not_visible"]
+
+
+def _calibrate_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "servelab.cli", "calibrate", *args],
+                          capture_output=True, text=True, timeout=120, env=env(), cwd=REPO)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--api", "grpc"], "--api 'grpc': allowed: kserve-v2, http-json"),
+    (["--server-max-batch-size", "4", "--batch-sizes", "1,8"],
+     "--server-max-batch-size 4: below the burst size 8"),
+    (["--window-ms", "-1"], "--window-ms -1: must be >= 0"),
+    (["--reps", "1"], "--reps 1: need at least 2"),
+    (["--endpoint-model", "nosuch"], "no model 'nosuch'"),
+])
+def test_calibrate_endpoint_bad_flags(stub_url: str, tmp_path: Path, args: list[str],
+                                      needle: str) -> None:
+    base = ["--endpoint", stub_url, "--endpoint-model", "instant", "--out",
+            str(tmp_path / "p.json")]
+    _one_line_error(_calibrate_cli(*base, *args), needle)
+
+
+def test_calibrate_endpoint_cli_writes_a_profile_simulate_reads(stub_url: str,
+                                                                tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    proc = _calibrate_cli("--endpoint", stub_url, "--api", "http-json", "--batch-sizes",
+                          "1,2", "--reps", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "N=  2" in proc.stdout and out.is_file()
+    scn = write_rl_scenario(tmp_path / "s.yaml")
+    sim_proc = subprocess.run([sys.executable, "-m", "servelab.cli", "simulate", str(scn),
+                               "--set", f"service={{kind: profile, path: {out}}}", "--set",
+                               "policy.max_batch_size=2"],
+                              capture_output=True, text=True, timeout=120, env=env(), cwd=REPO)
+    assert sim_proc.returncode == 0, sim_proc.stderr
