@@ -188,6 +188,21 @@ def calibrate(
         min=0, help="Also time this many cold starts (build the runner, load weights, move to "
         "the device, first forward): autoscaled scenarios draw new replicas' start-up from "
         "them.")] = 0,
+    endpoint: Annotated[str | None, typer.Option(
+        help="Calibrate a running server instead (with --api kserve-v2|http-json): bursts of "
+        "exactly N simultaneous requests over --batch-sizes.")] = None,
+    api: Annotated[str, typer.Option(help="--endpoint's protocol: kserve-v2 | http-json")]
+    = "kserve-v2",
+    endpoint_model: Annotated[str | None, typer.Option(
+        help="--endpoint: the KServe v2 model name.")] = None,
+    window_ms: Annotated[float | None, typer.Option(
+        help="--endpoint: the server's batching window (Ray Serve batch_wait_timeout_s), "
+        "subtracted from bursts below --server-max-batch-size.")] = None,
+    server_max_batch_size: Annotated[int | None, typer.Option(
+        help="--endpoint: the server's largest batch (Ray Serve max_batch_size).")] = None,
+    scenario: Annotated[str | None, typer.Option(
+        help="--endpoint: take the request payload from this scenario's payload: section.")]
+    = None,
 ) -> None:
     """Measure a model's batched latency curve; write the profile JSON and an HTML report.
 
@@ -196,6 +211,12 @@ def calibrate(
     """
     from servelab.calibrate import parse_params, run_calibration
 
+    if endpoint is not None:  # a request-level server (servelab.request_endpoint_cli)
+        from servelab.request_endpoint_cli import calibrate_endpoint_cmd
+
+        calibrate_endpoint_cmd(endpoint, api, endpoint_model, batch_sizes, reps, seed, out,
+                               window_ms, server_max_batch_size, scenario)
+        return
     if model == "llm":
         from servelab.calibrate_llm import run_step_calibration
 

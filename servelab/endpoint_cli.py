@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 server_app = typer.Typer(no_args_is_help=True, help="Install and run a real LLM server "
                          "(vLLM's CPU build with a tiny model) for tests and trials.")
 
-SERVERS = ("vllm",)
+SERVERS = ("vllm", "ray")  # ray: servelab.request_endpoint_cli
 
 
 def _cli() -> Any:
@@ -41,7 +41,8 @@ def bench_cmd(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to write.")]
     = None,
     api: Annotated[str, typer.Option(help="openai-completions (token-id prompts of exact "
-                                     "length) | openai-chat")] = "openai-completions",
+                                     "length) | openai-chat; request-level scenarios: "
+                                     "kserve-v2 | http-json")] = "openai-completions",
     model: Annotated[str | None, typer.Option(help="Model name to send (default: the first "
                                               "the server lists).")] = None,
     max_concurrency: Annotated[int | None, typer.Option(
@@ -68,11 +69,17 @@ def bench_cmd(
 
     cli = _cli()
     fail, USER_ERRORS = cli.fail, cli.USER_ERRORS  # noqa: N806
+    if api in ("kserve-v2", "http-json"):  # request-level servers (servelab.request_endpoint_cli)
+        from servelab.request_endpoint_cli import bench_requests_cmd
 
+        bench_requests_cmd(scenario, endpoint, out, api, model, max_concurrency, set_,
+                           drain_timeout_s, request_timeout_s, quiet)
+        return
     try:
         if not is_llm_source(scenario):
             fail(f"{scenario}: bench measures LLM scenarios (service.kind llm_linear or "
-                 "llm_profile)")
+                 "llm_profile) with this --api; request-level scenarios take --api "
+                 "kserve-v2 or http-json")
     except USER_ERRORS as exc:
         fail(str(exc))
     ids = _token_ids(token_ids)
@@ -139,9 +146,15 @@ def _report(result: Any, out: Path | None, quiet: bool) -> None:
         console.print(f"run directory: {out}")
 
 
-def server_install(name: Annotated[str, typer.Argument(help="vllm")] = "vllm") -> None:
+def server_install(name: Annotated[str, typer.Argument(help="vllm | ray")] = "vllm") -> None:
     """Create the server's own virtual environment and write the tiny model (once)."""
     from executor.endpoint.servers import ensure_vllm
+
+    if name == "ray":
+        from servelab.request_endpoint_cli import ray_install
+
+        ray_install()
+        return
 
     fail, USER_ERRORS, console = _cli().fail, _cli().USER_ERRORS, _cli().console  # noqa: N806
     if name not in SERVERS:
@@ -155,7 +168,7 @@ def server_install(name: Annotated[str, typer.Argument(help="vllm")] = "vllm") -
 
 
 def server_run(
-    name: Annotated[str, typer.Argument(help="vllm")] = "vllm",
+    name: Annotated[str, typer.Argument(help="vllm | ray")] = "vllm",
     port: Annotated[int, typer.Option(help="Loopback port (0: a free one).")] = 8000,
     kv_cache_gib: Annotated[int, typer.Option(help="KV-cache space, whole GiB "
                                                 "(VLLM_CPU_KVCACHE_SPACE).")] = 1,
@@ -171,6 +184,11 @@ def server_run(
     cli = _cli()
     fail, USER_ERRORS, console, err_console = (  # noqa: N806
         cli.fail, cli.USER_ERRORS, cli.console, cli.err_console)
+    if name == "ray":
+        from servelab.request_endpoint_cli import ray_run
+
+        ray_run(port, arg or [])
+        return
     if name not in SERVERS:
         fail(f"server {name!r}: allowed: {', '.join(SERVERS)}")
     try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,6 +238,9 @@ class OpenLoop:
             (``timeout``); None: only the deadline ends it.
         extra_body: Fields added to every request body.
         on_done: Called after each request finishes (the progress bar).
+        make_body: The body of a job (default: :func:`payload`'s LLM body).
+        sender: Sends one request (default: :func:`send`, SSE streams; request-level APIs
+            pass :func:`executor.endpoint.request_client.send_request`).
     """
 
     url: str
@@ -249,6 +252,8 @@ class OpenLoop:
     request_timeout_s: float | None = None
     extra_body: dict[str, Any] | None = None
     on_done: Callable[[Outcome], None] | None = None
+    make_body: Callable[[Job], dict[str, Any]] | None = None
+    sender: Callable[..., Awaitable[None]] | None = None
     outcomes: list[Outcome] = field(default_factory=list)
     stopped_at_s: float | None = None
     end_s: float = 0.0
@@ -274,18 +279,21 @@ class OpenLoop:
         tasks: set[asyncio.Task[None]] = set()
         async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                          auto_decompress=False) as session:
-            bodies = [json.dumps(payload(self.api, self.model, j, self.extra_body)).encode()
-                      for j in self.jobs]
+            bodies: list[Any] = (
+                [self.make_body(j) for j in self.jobs] if self.make_body is not None else
+                [json.dumps(payload(self.api, self.model, j, self.extra_body)).encode()
+                 for j in self.jobs])
+            post = self.sender if self.sender is not None else send
             self.t0 = t0 = time.perf_counter()
 
-            async def one(job: Job, body: bytes, out: Outcome) -> None:
+            async def one(job: Job, body: Any, out: Outcome) -> None:
                 out.started_s = time.perf_counter() - t0
                 if limit is None:
-                    await send(session, self.url, body, job, out, t0, chat,
+                    await post(session, self.url, body, job, out, t0, chat,
                                self.request_timeout_s)
                 else:
                     async with limit:
-                        await send(session, self.url, body, job, out, t0, chat,
+                        await post(session, self.url, body, job, out, t0, chat,
                                    self.request_timeout_s)
                 if self.on_done is not None:
                     self.on_done(out)

@@ -13,7 +13,8 @@ every chunk as vLLM's ``continuous_usage_stats`` does. The model name chooses a 
 * ``slow:SECONDS``: sends the headers, then waits that long before the first token.
 
 Run it with ``python -m executor.endpoint.stub --port N``; it prints ``ready`` when serving.
-It also answers ``/health``, ``/v1/models`` and a ``/metrics`` page in vLLM's format.
+It also answers ``/health``, ``/v1/models`` and a ``/metrics`` page in vLLM's format, and
+the request-level routes of :mod:`executor.endpoint.stub_v2` (KServe v2, plain JSON).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import time
 from collections import Counter
 
 from aiohttp import web
+
+from executor.endpoint.stub_v2 import add_routes as add_v2_routes
 
 ERROR_CYCLE = (200, 500, 429, 503)
 METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
@@ -127,6 +130,7 @@ def app() -> web.Application:
     application.router.add_get("/v1/models", stub.models)
     application.router.add_get("/metrics", stub.metrics)
     application.router.add_get("/health", stub.health)
+    add_v2_routes(application)  # KServe v2 and plain JSON (executor.endpoint.stub_v2)
     return application
 
 

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.errors import UserError
+from sim.scenario.payload import PayloadCfg
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -365,6 +366,7 @@ class Scenario(_Strict):
     model: ModelCfg | None = None
     classes: list[RequestClassCfg] | None = None
     autoscaling: AutoscalingCfg | None = None
+    payload: PayloadCfg | None = None  # what bench sends a real server (sim.scenario.payload)
     # full: request, batch and queue tables; summary: only what the summary needs;
     # sketch: summary with the latency samples as fixed-size sketches
     records: Literal["full", "summary", "sketch"] = "full"

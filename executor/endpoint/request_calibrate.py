@@ -1,0 +1,191 @@
+"""``calibrate_endpoint``: the batched latency curve of whatever serves a request-level
+endpoint, from bursts of exactly N simultaneous requests, written as the
+:class:`calibration.profile.LatencyProfile` that ``calibrate --model`` writes.
+
+The plan: one untimed burst per size (warm-up, and the size's latency, which sets the gap
+between bursts), then ``reps`` timed bursts per size in a shuffled order (as
+``calibrate --model`` shuffles: small batches run colder among big ones), each burst
+``gap`` after the previous one, all sent by the shared open-loop client (one connection pool, so
+connections are reused). A burst's sample is the mean latency of its N requests, minus the
+server's batching window when the user gives it and N is below the server's largest batch (a
+batcher that fills up dispatches at once; one that does not waits the window).
+
+Assumptions (checked where possible): a burst becomes one batch only when the batcher can
+hold N (``--server-max-batch-size`` at least N) and its window is longer than the burst's
+spread (the time between its first and its last send, reported per size); the requests of a
+burst that became one batch finish together, so the command also reports the spread of
+their latencies, and flags sizes whose spread exceeds half their median latency (the burst
+was probably split). The samples include the per-request path outside the model (HTTP,
+proxy, routing): the endpoint adds it to every request, so a prediction built on the profile
+does too. The single-request overhead on its own is ``samples[1]`` minus the model's time
+at batch 1, which a black box cannot separate; it is reported as the single-request latency
+(``meta.endpoint.single_request_ms``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from calibration.model_runners import load_corpus
+from calibration.profile import LatencyProfile
+from executor.endpoint import server_info
+from executor.endpoint.bench import _run
+from executor.endpoint.client import Job, OpenLoop, Outcome
+from executor.endpoint.request_bench import preflight
+from executor.endpoint.request_client import (
+    REQUEST_APIS,
+    json_body,
+    kserve_body,
+    request_path,
+    send_request,
+)
+from executor.endpoint.server_info import EndpointError
+from sim.metrics.rundir import versions
+from sim.scenario.payload import PayloadCfg
+
+SPLIT_FLAG = 0.5  # a burst's latency spread above this share of its median: probably split
+
+
+def _bursts(url: str, api: str, payload: PayloadCfg, plan: Sequence[tuple[float, int]],
+            seed: int, timeout_s: float) -> list[list[Outcome]]:
+    """Send each ``(time_s, n)`` of ``plan`` as n simultaneous requests; the outcomes of each
+    burst, in plan order.
+    """
+    corpus = load_corpus()
+    rng = np.random.default_rng([seed, 31])
+    jobs: list[Job] = []
+    owner: list[int] = []
+    for k, (t, n) in enumerate(plan):
+        for _ in range(n):
+            jobs.append(Job(len(jobs), t, "", 1, 0))
+            owner.append(k)
+    bodies = [kserve_body(payload, j, rng, corpus) if api == "kserve-v2" else
+              json_body(payload, j, rng, corpus) for j in jobs]
+    kserve = api == "kserve-v2"
+
+    async def sender(session: aiohttp.ClientSession, u: str, body: dict[str, Any], job: Job,
+                     out: Outcome, t0: float, _chat: bool, limit_s: float | None) -> None:
+        await send_request(session, u, body, job, out, t0, kserve, limit_s)
+
+    end = (plan[-1][0] if plan else 0.0) + timeout_s
+    client = OpenLoop(url, api, payload.model or "", jobs, deadline_s=end,
+                      request_timeout_s=timeout_s, make_body=lambda j: bodies[j.index],
+                      sender=sender)
+    outs = _run(client, handle_signals=False)
+    grouped: list[list[Outcome]] = [[] for _ in plan]
+    for out in outs:
+        grouped[owner[out.index]].append(out)
+    for k, group in enumerate(grouped):
+        bad = [o for o in group if o.status != "ok"]
+        if bad:
+            raise EndpointError(f"burst of {plan[k][1]}: {len(bad)} requests failed "
+                                f"({bad[0].cause}: {bad[0].error})")
+    return grouped
+
+
+def _burst_stats(group: list[Outcome]) -> tuple[float, float, float]:
+    """(mean latency, send spread, latency spread) of one burst, in seconds."""
+    sent = np.array([o.sent_s for o in group])
+    latency = np.array([o.chunk_s[-1] - o.sent_s for o in group])
+    return float(latency.mean()), float(sent.max() - sent.min()), float(
+        latency.max() - latency.min())
+
+
+def calibrate_endpoint(endpoint: str, *, api: str, sizes: Sequence[int], reps: int = 20,
+                       model: str | None = None, payload: PayloadCfg | None = None,
+                       window_ms: float | None = None, server_max_batch: int | None = None,
+                       seed: int = 0, timeout_s: float = 30.0,
+                       say: Callable[[str], None] = print) -> LatencyProfile:
+    """Measure the endpoint's batched latency curve (see the module docstring).
+
+    Args:
+        endpoint: The server's base URL.
+        api: ``kserve-v2`` or ``http-json``.
+        sizes: Burst sizes N (each becomes a profile batch size).
+        reps: Timed bursts per size.
+        model: KServe v2 model name (default: ``payload.model``).
+        payload: What each request sends (default: one BYTES input of one sentence).
+        window_ms: The server's batching window (Ray Serve's ``batch_wait_timeout_s``),
+            subtracted from bursts smaller than ``server_max_batch``.
+        server_max_batch: The server's largest batch (Ray Serve's ``max_batch_size``).
+        seed: Seeds the payloads and the shuffled order.
+        timeout_s: A request not answered after this long fails the calibration.
+        say: Where the plan and the per-size lines go.
+
+    Raises:
+        EndpointError: a bad flag, an unreachable endpoint, or a failed request.
+    """
+    if api not in REQUEST_APIS:
+        raise EndpointError(f"--api {api!r}: allowed: {', '.join(REQUEST_APIS)}")
+    if not sizes or any(int(n) < 1 for n in sizes):
+        raise EndpointError(f"--batch-sizes {list(sizes)}: need sizes >= 1")
+    if reps < 2:
+        raise EndpointError(f"--reps {reps}: need at least 2 bursts per size")
+    if window_ms is not None and window_ms < 0:
+        raise EndpointError(f"--window-ms {window_ms:g}: must be >= 0")
+    if server_max_batch is not None and server_max_batch < max(sizes):
+        raise EndpointError(f"--server-max-batch-size {server_max_batch}: below the burst "
+                            f"size {max(sizes)}, which the server would split")
+    payload = payload or PayloadCfg(model=model)
+    name = model or payload.model
+    if api == "kserve-v2" and not name:
+        raise EndpointError("--api kserve-v2 needs the model's name: pass --model NAME")
+    payload = payload.model_copy(update={"model": name})
+    base = server_info.base_url(endpoint)
+    corpus = load_corpus()
+    probe = (kserve_body if api == "kserve-v2" else json_body)(
+        payload, Job(-1, 0.0, "", 1, 0), np.random.default_rng(0), corpus)
+    metadata = preflight(base, api, name, {**probe, "__path": payload.path})
+    url = base + request_path(api, payload, name)
+    order = sorted({int(n) for n in sizes})
+    warm = _bursts(url, api, payload, [(0.5 * k, n) for k, n in enumerate(order)], seed,
+                   timeout_s)
+    slowest = max(_burst_stats(g)[0] for g in warm)
+    gap = 2.0 * slowest + 0.02
+    rng = np.random.default_rng(seed)
+    sequence = [n for n in order for _ in range(reps)]
+    rng.shuffle(sequence)
+    say(f"calibrating {url}: bursts of {order}, {reps} each, shuffled, {gap * 1e3:.0f} ms "
+        f"apart (about {len(sequence) * gap:.0f} s)")
+    groups = _bursts(url, api, payload, [(0.05 + k * gap, n) for k, n in enumerate(sequence)],
+                     seed + 1, timeout_s)
+    window_s = (window_ms or 0.0) / 1e3
+    samples: dict[int, list[float]] = {n: [] for n in order}
+    spread: dict[int, list[float]] = {n: [] for n in order}
+    lat_spread: dict[int, list[float]] = {n: [] for n in order}
+    for n, group in zip(sequence, groups, strict=True):
+        mean_s, send_spread_s, latency_spread_s = _burst_stats(group)
+        waits = window_ms is not None and (server_max_batch is None or n < server_max_batch)
+        samples[n].append(max(mean_s - (window_s if waits else 0.0), 1e-6))
+        spread[n].append(send_spread_s)
+        lat_spread[n].append(latency_spread_s)
+    checks: dict[str, Any] = {}
+    for n in order:
+        med = float(np.median(samples[n]))
+        send_ms = float(np.median(spread[n])) * 1e3
+        split = float(np.median(lat_spread[n])) > SPLIT_FLAG * med and n > 1
+        narrow = window_ms is not None and send_ms >= window_ms and n > 1
+        checks[str(n)] = {"median_ms": med * 1e3, "send_spread_ms": send_ms,
+                          "send_spread_max_ms": float(np.max(spread[n])) * 1e3,
+                          "latency_spread_ms": float(np.median(lat_spread[n])) * 1e3,
+                          "probably_split": split, "spread_exceeds_window": narrow}
+        flag = ("  [burst probably split: latency spread above half the median]" if split
+                else "") + ("  [send spread >= the window]" if narrow else "")
+        say(f"  N={n:>3}: median {med * 1e3:7.2f} ms, send spread {send_ms:.2f} ms{flag}")
+    single_ms = float(np.median(samples[order[0]])) * 1e3 if order[0] == 1 else math.nan
+    return LatencyProfile(
+        samples_s={n: np.asarray(v) for n, v in samples.items()},
+        model={"name": f"endpoint:{name or payload.path}", "api": api},
+        device={"kind": "endpoint", "url": base},
+        meta={"endpoint": {"url": url, "api": api, "window_ms": window_ms,
+                           "server_max_batch_size": server_max_batch, "reps": reps,
+                           "gap_ms": gap * 1e3, "bursts": checks,
+                           "single_request_ms": single_ms, "server_metadata": metadata,
+                           "includes": "the per-request path outside the model (HTTP, proxy, "
+                                       "routing)"},
+              "threads": None, "seed": seed, "versions": versions()})

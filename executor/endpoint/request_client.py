@@ -1,0 +1,169 @@
+"""Request-level APIs for the open-loop client (:class:`executor.endpoint.client.OpenLoop`):
+the bodies of ``kserve-v2`` and ``http-json`` requests, and :func:`send_request`, which POSTs
+one and times its whole answer (no stream: the request's latency ends when the last byte of
+its answer arrives, ``Outcome.chunk_s == [finish]``).
+
+A request is ok when the server answered 200 with a JSON body of the expected shape (KServe
+v2: an ``outputs`` list of tensors, each with ``name``, ``datatype``, ``shape`` and ``data``;
+the first output's first dimension equal to the request's items when the input's was);
+otherwise it failed with one of :data:`REQUEST_CAUSES`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from executor.endpoint.client import Job, Outcome, _one_line
+from sim.scenario.payload import PayloadCfg
+
+REQUEST_APIS = ("kserve-v2", "http-json")
+REQUEST_CAUSES = ("refused", "http_NNN", "timeout", "connection_cut", "malformed_json",
+                  "bad_response", "client_error")  # http_NNN: the status, e.g. http_503
+_NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+          "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+          "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+
+
+def request_path(api: str, payload: PayloadCfg, model: str | None) -> str:
+    """The path requests are POSTed to."""
+    if api == "kserve-v2":
+        return f"/v2/models/{model}/infer"
+    return payload.path
+
+
+def _tensor_data(datatype: str, count: int, rng: np.random.Generator,
+                 corpus: list[str]) -> list[Any]:
+    if datatype == "BYTES":
+        return [corpus[int(i)] for i in rng.integers(len(corpus), size=count)]
+    if datatype == "BOOL":
+        return rng.integers(0, 2, size=count).astype(bool).tolist()  # type: ignore[no-any-return]
+    kind = np.dtype(_NUMPY[datatype])
+    if kind.kind == "f":
+        return rng.standard_normal(count).astype(kind).tolist()  # type: ignore[no-any-return]
+    return rng.integers(0, 100, size=count).astype(kind).tolist()  # type: ignore[no-any-return]
+
+
+def kserve_body(payload: PayloadCfg, job: Job, rng: np.random.Generator,
+                corpus: list[str]) -> dict[str, Any]:
+    """A v2 inference request for ``job`` (``job.prompt_tokens`` holds its size)."""
+    inputs = []
+    for tensor in payload.inputs:
+        shape = [job.prompt_tokens if d == -1 else d for d in tensor.shape]
+        count = int(np.prod(shape))
+        inputs.append({"name": tensor.name, "shape": shape, "datatype": tensor.datatype,
+                       "data": _tensor_data(tensor.datatype, count, rng, corpus)})
+    return {"id": str(job.index), "inputs": inputs}
+
+
+def _fill(node: Any, job: Job, rng: np.random.Generator, corpus: list[str]) -> Any:
+    if isinstance(node, dict):
+        return {k: _fill(v, job, rng, corpus) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill(v, job, rng, corpus) for v in node]
+    if node == "$size":
+        return job.prompt_tokens
+    if node == "$id":
+        return job.index
+    if node == "$text":
+        return _tensor_data("BYTES", 1, rng, corpus)[0]
+    if node == "$texts":
+        return _tensor_data("BYTES", job.prompt_tokens, rng, corpus)
+    return node
+
+
+def json_body(payload: PayloadCfg, job: Job, rng: np.random.Generator,
+              corpus: list[str]) -> dict[str, Any]:
+    """The ``http-json`` body: the template with its placeholders filled (default template:
+    ``{"inputs": "$texts"}``).
+    """
+    template = payload.body if payload.body is not None else {"inputs": "$texts"}
+    filled = _fill(template, job, rng, corpus)
+    assert isinstance(filled, dict)
+    return filled
+
+
+def check_kserve_answer(answer: Any, size: int | None) -> str:
+    """Why ``answer`` is not a valid v2 inference response ('' when it is)."""
+    if not isinstance(answer, dict):
+        return "the answer is not a JSON object"
+    outputs = answer.get("outputs")
+    if not isinstance(outputs, list) or not outputs:
+        return "the answer has no 'outputs' list"
+    for i, out in enumerate(outputs):
+        if not isinstance(out, dict) or not {"name", "datatype", "shape", "data"} <= set(out):
+            return f"outputs[{i}] lacks name, datatype, shape or data"
+        shape = out["shape"]
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            return f"outputs[{i}].shape is not a list of ints"
+        data = out["data"]
+        if isinstance(data, list) and shape and len(data) not in (
+                int(np.prod(shape)), shape[0]):
+            return f"outputs[{i}].data has {len(data)} values for shape {shape}"
+    first = outputs[0]["shape"]
+    if size is not None and first and first[0] != size:
+        return f"outputs[0].shape {first}: expected {size} rows, one per item sent"
+    return ""
+
+
+async def send_request(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                       job: Job, out: Outcome, t0: float, kserve: bool,
+                       timeout_s: float | None) -> None:
+    """POST one request and record its answer into ``out`` (never raises but on cancel).
+
+    ``kserve``: validate the answer as a v2 inference response.
+    """
+    out.sent_s = time.perf_counter() - t0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(url, json=body) as resp:
+                out.http_status = resp.status
+                raw = await resp.read()
+                done = time.perf_counter() - t0
+    except TimeoutError:
+        out.status, out.cause = "failed", "timeout"
+        out.error = f"no complete answer within --request-timeout-s {timeout_s:g}"
+        return
+    except aiohttp.ClientConnectorError as exc:
+        out.status, out.cause, out.error = "failed", "refused", _one_line(exc)
+        return
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
+            ConnectionResetError) as exc:
+        out.status, out.cause, out.error = "failed", "connection_cut", _one_line(exc)
+        return
+    except aiohttp.ClientError as exc:
+        out.status, out.cause, out.error = "failed", "client_error", _one_line(exc)
+        return
+    if out.http_status != 200:
+        text = " ".join(raw[:120].decode(errors="replace").split())
+        out.status, out.cause = "failed", f"http_{out.http_status}"
+        out.error = f"HTTP {out.http_status} {resp.reason}: {text}"
+        return
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        out.status, out.cause = "failed", "malformed_json"
+        out.error = f"the answer is not JSON: {raw[:60]!r}"
+        return
+    problem = check_kserve_answer(answer, _rows(body)) if kserve else ""
+    if problem:
+        out.status, out.cause, out.error = "failed", "bad_response", problem
+        return
+    out.chunk_s.append(done)
+    out.chunk_tokens.append(0)
+    out.status = "ok"
+
+
+def _rows(body: dict[str, Any]) -> int | None:
+    """The first input's first dimension (the items sent), when the body has one."""
+    inputs = body.get("inputs")
+    if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict):
+        shape = inputs[0].get("shape")
+        if isinstance(shape, list) and shape and isinstance(shape[0], int):
+            return int(shape[0])
+    return None

@@ -1,0 +1,184 @@
+"""The request-level side of ``servelab bench`` and ``servelab calibrate --endpoint``
+(``--api kserve-v2 | http-json``): the commands dispatch here from
+:mod:`servelab.endpoint_cli` and :mod:`servelab.cli`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def _cli() -> Any:
+    from servelab import cli
+
+    return cli
+
+
+def bench_requests_cmd(scenario: str, endpoint: str, out: Path | None, api: str,
+                       model: str | None, max_concurrency: int | None,
+                       set_: list[str] | None, drain_timeout_s: float | None,
+                       request_timeout_s: float | None, quiet: bool) -> None:
+    """``servelab bench SCENARIO --endpoint URL --api kserve-v2|http-json``."""
+    from executor.endpoint.request_bench import bench_requests
+    from sim.llm import is_llm_source
+
+    cli = _cli()
+    fail, USER_ERRORS = cli.fail, cli.USER_ERRORS  # noqa: N806
+    try:
+        if is_llm_source(scenario):
+            fail(f"{scenario}: --api {api} measures request-level scenarios; LLM scenarios "
+                 "take --api openai-completions or openai-chat")
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    progress = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
+                        console=cli.err_console, transient=True, disable=quiet)
+    task = progress.add_task("bench", total=None, failed=0)
+    failed = 0
+
+    def on_done(outcome: Any) -> None:
+        nonlocal failed
+        failed += outcome.status == "failed"
+        progress.update(task, advance=1, failed=failed)
+
+    def on_client(client: Any) -> None:
+        cli.err_console.print(f"bench: {len(client.jobs)} requests to {client.url}",
+                              highlight=False, soft_wrap=True)
+        progress.update(task, total=len(client.jobs))
+        progress.start()
+
+    try:
+        result = bench_requests(scenario, endpoint, api=api, model=model,
+                                overrides=set_ or None, max_concurrency=max_concurrency,
+                                drain_timeout_s=drain_timeout_s,
+                                request_timeout_s=request_timeout_s, handle_signals=True,
+                                on_done=on_done, on_client=on_client)
+    except USER_ERRORS as exc:
+        progress.stop()
+        fail(str(exc))
+        return
+    progress.stop()
+    if out is not None:
+        result.write(out)
+    _report(result, out, quiet)
+
+
+def _report(result: Any, out: Path | None, quiet: bool) -> None:
+    from servelab.report import summary_table
+
+    console, err_console = _cli().console, _cli().err_console
+    summary, meta = result.summary, result.meta
+    client = summary["client"]
+    if meta["stopped_early"]:
+        err_console.print(f"[bold yellow]stopped[/] at {meta['stopped_s']:.1f} s: "
+                          f"{meta['requests_sent']} of {meta['requests_planned']} requests "
+                          "sent; what was measured is kept")
+    if meta["drain_timed_out"]:
+        err_console.print(f"[bold yellow]drain deadline:[/] {summary['in_flight']} requests "
+                          f"unanswered {meta['drain_timeout_s']:g} s after the window; kept "
+                          "as in flight (censored)")
+    for cause, count in client["errors_by_cause"].items():
+        first = result.requests[result.requests["reason"] == cause]["error"].iloc[0]
+        err_console.print(f"[bold yellow]failed ({cause}):[/] {count} requests, e.g. {first}",
+                          highlight=False, soft_wrap=True)
+    if client["send_lag_flagged"]:
+        err_console.print(f"[bold yellow]warning:[/] send lag p99 "
+                          f"{client['send_lag_ms']['p99']:.1f} ms > "
+                          f"{client['send_lag_limit_ms']:g} ms: the client could not keep the "
+                          "schedule (a busy machine?); latencies still start at each send")
+    if not quiet:
+        early = ", stopped early" if meta["stopped_early"] else ""
+        console.print(summary_table(summary, title=f"{result.scenario.name} (bench{early})"))
+        lag = client["send_lag_ms"]
+        console.print(f"client: send lag p50/p99 {lag['p50']:.2f}/{lag['p99']:.2f} ms, "
+                      f"CPU share {client['cpu_share']:.0%} of a core; batches, queues and "
+                      "service times are not visible from outside the server")
+    if out is not None:
+        console.print(f"run directory: {out}")
+
+
+def calibrate_endpoint_cmd(endpoint: str, api: str, model: str | None, batch_sizes: str,
+                           reps: int, seed: int, out: Path, window_ms: float | None,
+                           server_max_batch: int | None, scenario: str | None) -> None:
+    """``servelab calibrate --endpoint URL --api kserve-v2|http-json``."""
+    from calibration.measure import parse_batch_sizes
+    from executor.endpoint.request_calibrate import calibrate_endpoint
+    from sim.scenario.schema import load_scenario
+
+    cli = _cli()
+    fail, USER_ERRORS, console = cli.fail, cli.USER_ERRORS, cli.console  # noqa: N806
+    try:
+        payload = load_scenario(scenario).payload if scenario else None
+        profile = calibrate_endpoint(endpoint, api=api, sizes=parse_batch_sizes(batch_sizes),
+                                     reps=reps, model=model, payload=payload,
+                                     window_ms=window_ms, server_max_batch=server_max_batch,
+                                     seed=seed, say=lambda line: console.print(
+                                         line, highlight=False))
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    path = profile.save(out)
+    console.print(f"profile: {path}")
+
+
+def ray_install() -> None:
+    """``servelab server install ray``: Ray Serve's own virtual environment (once)."""
+    from executor.endpoint.rayserve import ensure_ray
+
+    cli = _cli()
+    try:
+        env = ensure_ray()
+    except cli.USER_ERRORS as exc:
+        cli.fail(str(exc))
+        return
+    cli.console.print(f"Ray Serve environment: {env.root}")
+
+
+def ray_run(port: int, args: list[str]) -> None:
+    """``servelab server run ray [--arg KEY=VALUE ...]``: Ray Serve with the test deployment
+    (default: MiniLM, ``max_batch_size`` 8, ``batch_wait_timeout_s`` 0.005; keys as in
+    ``executor/endpoint/ray_app.py``, values as YAML) until Ctrl-C.
+    """
+    import signal
+    import time
+
+    import yaml
+
+    from executor.endpoint.rayserve import RayServeApp, ensure_ray
+
+    cli = _cli()
+    config: dict[str, Any] = {"model": "minilm", "model_name": "minilm", "max_batch_size": 8,
+                              "batch_wait_timeout_s": 0.005}
+    for item in args:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            cli.fail(f"--arg {item!r}: expected KEY=VALUE, e.g. --arg max_batch_size=16")
+        config[key.lstrip("-").replace("-", "_")] = yaml.safe_load(value)
+    try:
+        app = RayServeApp(ensure_ray(), config, port=port)
+        cli.err_console.print("starting Ray Serve (about a minute) …")
+        app.start()
+    except cli.USER_ERRORS as exc:
+        cli.fail(str(exc))
+        return
+    cli.console.print(f"Ray Serve: {config['model']} at {app.url}/v2/models/"
+                      f"{config.get('model_name', config['model'])}/infer (started in "
+                      f"{app.started_s:.0f} s; log {app.log_path}); Ctrl-C stops it")
+    stop = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stop and app.proc is not None and app.proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        app.stop()
+    cli.console.print("server stopped")

@@ -1,0 +1,182 @@
+"""Against a real Ray Serve (its own virtual environment, created on first use and cached):
+MiniLM behind ``@serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)``, calibrated
+through its KServe v2 endpoint, then a short scenario benched and compared with
+``servelab simulate`` on the calibrated profile.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import sim
+from executor.endpoint.request_bench import bench_requests
+from executor.endpoint.request_calibrate import calibrate_endpoint
+
+pytestmark = pytest.mark.slow
+
+MINILM = {"model": "minilm", "model_name": "minilm", "max_batch_size": 8,
+          "batch_wait_timeout_s": 0.005}
+PAYLOAD = {"model": "minilm", "inputs": [{"name": "input", "datatype": "BYTES", "shape": [-1]}]}
+
+
+@pytest.fixture(scope="session")
+def ray_minilm(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Ray Serve serving MiniLM on a loopback port (installed on first use, with a progress
+    line; cached in ``$SERVELAB_SERVERS_DIR``); shut down after the session.
+    """
+    from executor.endpoint.rayserve import RayServeApp, ensure_ray
+
+    reporter = request.config.pluginmanager.getplugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+
+    app = RayServeApp(ensure_ray(progress=say), MINILM)
+    say("servelab: starting Ray Serve with MiniLM on a loopback port (about a minute) …")
+    app.start()
+    say(f"servelab: Ray Serve up at {app.url} in {app.started_s:.0f} s")
+    yield app
+    app.stop()
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _post_one(url: str) -> None:
+    body = {"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32",
+                        "data": [0.5, 0.5]}]}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+
+
+def _configure(url: str, **settings: float) -> None:
+    req = urllib.request.Request(f"{url}/servelab/config", data=json.dumps(settings).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert json.loads(resp.read())["ok"]
+
+
+def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: Path) -> None:
+    url = ray_minilm.url
+    # Calibrate with a 100 ms window: on 2 busy cores Ray's proxy hands a burst's requests
+    # to the replica over more than the scenario's 5 ms, which would split the bursts (the
+    # calibration flags that); the window is subtracted below the largest batch.
+    _configure(url, batch_wait_timeout_s=0.1)
+    try:
+        seen = len(_get(f"{url}/servelab/batches")["batches"])
+        profile = calibrate_endpoint(url, api="kserve-v2", sizes=[1, 2, 4, 8], reps=6,
+                                     model="minilm", window_ms=100, server_max_batch=8,
+                                     say=lambda line: None)
+        during = [b[0] for b in _get(f"{url}/servelab/batches")["batches"][seen:]]
+    finally:
+        _configure(url, batch_wait_timeout_s=0.005)
+    assert max(during) == 8, during  # @serve.batch put a burst of 8 into one batch
+    assert all(1 <= n <= 8 for n in during)
+    path = profile.save(tmp_path / "ray.json")
+    s1 = profile.median_s(1)
+    scenario = {"name": "ray-minilm", "seed": 5,
+                "service": {"kind": "profile", "path": str(path)},
+                "workload": {"kind": "poisson", "rate_rps": round(0.4 / s1, 2),
+                             "duration_s": 10},
+                "policy": {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 5,
+                           "timer": "first"},
+                "warmup_s": 1, "payload": PAYLOAD}
+    seen = len(_get(f"{url}/servelab/batches")["batches"])
+    measured = bench_requests(scenario, url, api="kserve-v2")
+    ray_batches = np.array([b[0] for b in _get(f"{url}/servelab/batches")["batches"][seen:]])
+    predicted = sim.run(scenario)
+    assert measured.summary["failed"] == 0 and measured.summary["in_flight"] == 0
+    assert ray_batches.max() <= 8
+    ok = measured.requests[(measured.requests["status"] == "ok")
+                           & (measured.requests["arrival_s"] >= 1)]
+    lat_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
+    se_ms = float(lat_ms.std(ddof=1) / math.sqrt(lat_ms.size))
+    got, want = float(lat_ms.mean()), predicted.summary["latency_ms"]["mean"]
+    # 4 sigma of the measured mean, the calibration's own uncertainty at batch 1 (its spread
+    # over the bursts, 4 standard errors), and a stated model bias: the profile counts Ray's
+    # per-request path (proxy, router) as replica busy time, while the proxy works beside the
+    # replica, so the simulator overstates queueing (measured here: +20 to +30% at rho 0.3)
+    s1_se_ms = 1e3 * float(np.std(profile.samples_s[1], ddof=1)
+                           / math.sqrt(profile.samples_s[1].size))
+    tolerance = 4 * se_ms + 4 * s1_se_ms + 0.35 * got
+    assert abs(got - want) <= tolerance, (got, want, tolerance)
+    assert want >= got - 4 * se_ms - 4 * s1_se_ms  # the bias has the stated direction
+    assert abs(ray_batches.mean() - predicted.summary["mean_batch_size"]) <= 0.5, (
+        ray_batches.mean(), predicted.summary["mean_batch_size"])
+
+
+SLEEP = {"model": "sleep", "model_name": "sleep", "max_batch_size": 4,
+         "batch_wait_timeout_s": 0.005, "num_replicas": 2, "sleep_base_ms": 20.0,
+         "sleep_per_item_ms": 5.0}
+
+
+def test_two_replicas_with_ray_routing_against_p2c(tmp_path: Path) -> None:
+    # Two replicas of a sleep model (a batch of n takes 20 + 5 n ms whatever the CPU does),
+    # behind Ray's router (power of two choices); servelab predicts with routing p2c and the
+    # same batcher. The per-request path outside the replicas (proxy, router) is measured
+    # with single requests in this run and added to the prediction.
+    from executor.endpoint.rayserve import RayServeApp, ensure_ray
+
+    with RayServeApp(ensure_ray(), SLEEP) as app:
+        url = app.url
+        singles = []
+        for _ in range(15):
+            t0 = time.perf_counter()
+            _post_one(f"{url}/v2/models/sleep/infer")
+            singles.append(time.perf_counter() - t0)
+        # a lone request waits the 5 ms window, then runs 25 ms
+        overhead_ms = 1e3 * float(np.median(singles)) - 5.0 - 25.0
+        scenario = {"name": "ray-2", "seed": 9,
+                    "service": {"kind": "linear", "base_ms": 20, "per_item_ms": 5,
+                                "deterministic": True},
+                    "workload": {"kind": "poisson", "rate_rps": 60, "duration_s": 10},
+                    "policy": {"kind": "dynamic", "max_batch_size": 4, "max_wait_ms": 5,
+                               "timer": "first"},
+                    "replicas": 2, "routing": "p2c", "warmup_s": 1,
+                    "payload": {"model": "sleep", "inputs": [{"name": "input",
+                                                              "datatype": "FP32",
+                                                              "shape": [-1, 2]}]}}
+        measured = bench_requests(scenario, url, api="kserve-v2")
+        logs: dict[int, list[Any]] = {}
+        for _ in range(20):  # each GET reaches one replica; collect both logs
+            data = _get(f"{url}/servelab/batches")
+            logs[data["replica"]] = data["batches"]
+    predicted = sim.run(scenario)
+    assert measured.summary["failed"] == 0
+    assert len(logs) == 2  # Ray spread the requests over both replicas
+    ok = measured.requests[(measured.requests["status"] == "ok")
+                           & (measured.requests["arrival_s"] >= 1)]
+    lat_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
+    se_ms = float(lat_ms.std(ddof=1) / math.sqrt(lat_ms.size))
+    spread_ms = float(np.std(singles, ddof=1) / math.sqrt(len(singles))) * 1e3
+    got = float(lat_ms.mean())
+    want = predicted.summary["latency_ms"]["mean"] + overhead_ms
+    # 4 standard errors of the measured mean and of the overhead's estimate (its median's
+    # spread), and the overhead itself: it was measured on an idle server, and under load
+    # the proxy and router share the 2 cores with the client (measured: +9 ms at 60 req/s)
+    tolerance = 4 * math.hypot(se_ms, 1.25 * spread_ms) + overhead_ms
+    assert abs(got - want) <= tolerance, (got, want, tolerance, overhead_ms)
+    sizes = np.array([b[0] for log in logs.values() for b in log])
+    assert sizes.max() <= 4
+    # Ray's power of two choices balances the replicas as servelab's p2c does
+    per_replica = [sum(b[0] for b in log) for log in logs.values()]
+    share = per_replica[0] / sum(per_replica)
+    assert abs(share - 0.5) <= 4 * math.sqrt(0.25 / sum(per_replica)) + 0.05, per_replica
+    sim_batch = predicted.summary["mean_batch_size"]
+    se_batch = float(sizes.std(ddof=1) / math.sqrt(sizes.size))
+    assert abs(sizes.mean() - sim_batch) <= 4 * se_batch + 0.15 * sim_batch, (
+        sizes.mean(), sim_batch)
