@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,6 +26,21 @@ err_console = Console(stderr=True, emoji=False)
 # that cannot be read or written. Anything else is a bug and is reported as one (exit 3).
 USER_ERRORS = (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
                PermissionError, FileExistsError)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from servelab import __version__
+
+        console.print(f"servelab {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print servelab's version and exit.")] = False) -> None:
+    """servelab: simulate and measure model-serving policies."""
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -49,10 +64,15 @@ def simulate(
         "sketch: as summary, with the latency samples as a fixed-size sketch (percentiles "
         "within a relative 3.05e-5 or 1 ns). Default: the scenario's records (full).")
     ] = None,
+    format_: Annotated[str, typer.Option(
+        "--format", help="Table files in the run directory: parquet (default) or csv.")
+    ] = "parquet",
 ) -> None:
     """Simulate SCENARIO and print a summary; with --out, write the run directory."""
     from sim.llm import StepInvariantError, run_any
 
+    if format_ not in TABLE_FORMATS:
+        fail(f"--format {format_!r}: allowed: {', '.join(TABLE_FORMATS)}")
     try:
         result = run_any(scenario, overrides=set_ or None, records=records)
     except USER_ERRORS as exc:
@@ -63,6 +83,10 @@ def simulate(
         return
     if out is not None:
         result.write(out)
+        if format_ == "csv":
+            from servelab.formats import tables_to_csv
+
+            tables_to_csv(out)
     warn_stability(result.summary)
     if not quiet:
         console.print(_title(result.scenario.name, result.meta))
@@ -73,13 +97,20 @@ def simulate(
             console.print(f"run directory: {out}")
 
 
-def warn_stability(summary: dict[str, object]) -> None:
-    """Print the stability verdict as a warning line when the run is not stable."""
-    from sim.stability import stability_warning
+TABLE_FORMATS = ("parquet", "csv")
 
-    text = stability_warning(summary)
-    if text:
-        err_console.print(f"[bold yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+
+def warn_stability(summary: dict[str, object]) -> None:
+    """Print the stability verdict as a warning line when the run is not stable (a note
+    when the device is busy at low load: that is not saturation).
+    """
+    from sim.stability import stability_note
+
+    note = stability_note(summary)
+    if note:
+        level, text = note
+        label = "[bold yellow]warning:[/]" if level == "warning" else "[cyan]note:[/]"
+        err_console.print(f"{label} {text}", highlight=False, soft_wrap=True)
 
 
 DRAIN_HELP = ("Stop draining this long after the last arrival (default: the window's length); "
@@ -97,9 +128,34 @@ def _title(name: str, meta: dict[str, object]) -> str:
 
 
 @app.command()
-def demo(out: Annotated[Path | None, typer.Option("--out", "-o")] = None) -> None:
+def demo(out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Run directory to write.")] = None) -> None:
     """Simulate the shipped dynamic-batching demo scenario and print its summary."""
-    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records=None)
+    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records=None,
+             format_="parquet")
+
+
+@app.command("init")
+def init_cmd(
+    file: Annotated[Path | None, typer.Argument(
+        help="Scenario file to write (default: my.yaml, my-llm.yaml or my-autoscaling.yaml).")
+    ] = None,
+    kind: Annotated[str, typer.Option(
+        help="request (dynamic batching on a measured profile) | llm (continuous batching "
+             "on a measured step profile) | autoscaling (Ray Serve's target policy under a "
+             "rising and falling load)")] = "request",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite FILE if it exists.")
+                     ] = False,
+) -> None:
+    """Write a commented starter scenario that runs as is: servelab simulate FILE."""
+    from servelab.starter import write_starter
+
+    try:
+        path = write_starter(kind, file, force=force)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    console.print(f"wrote {path}; next: servelab simulate {path}")
 
 
 @app.command("compile")
@@ -542,18 +598,28 @@ def capacity_cmd(
     over: Annotated[str, typer.Option(help="The load knob to search.")] = "workload.rate_rps",
     seeds: Annotated[int, typer.Option(help="Replications per candidate.")] = 3,
     tol: Annotated[float, typer.Option(help="Relative width of the final bracket.")] = 0.02,
-    out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
-    workers: Annotated[int | None, typer.Option()] = None,
-    dask: Annotated[str | None, typer.Option()] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Directory for capacity.json and runs.parquet.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        help="Local processes per candidate (default: cores).")] = None,
+    dask: Annotated[str | None, typer.Option(
+        help="Dask scheduler address, e.g. tcp://10.0.0.5:8786.")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a base field, e.g. --set policy.max_batch_size=16 "
+        "(repeatable).")] = None,
 ) -> None:
     """The highest load at which SCENARIO holds the SLO (bracketing + bisection)."""
-    from sim.experiments.capacity import capacity
+    from sim.experiments.capacity import capacity, check_objectives
     from sim.rundir import write_json
 
     try:
-        result = capacity(sim_load(scenario, set_), slo, over=over, seeds=seeds,
-                          tol=tol, workers=workers, dask=dask)
+        base = sim_load(scenario, set_)
+        check_objectives(base, slo)  # a bad objective: one error line, before progress
+        console.print(f"[dim]searching {over} for {' '.join(slo)}: {seeds} runs per "
+                      "candidate; doubling or halving until bracketed, then bisecting[/]",
+                      soft_wrap=True)
+        result = capacity(base, slo, over=over, seeds=seeds, tol=tol, workers=workers,
+                          dask=dask, on_step=_step_printer())
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -568,19 +634,63 @@ def capacity_cmd(
         console.print(f"written: {out / 'capacity.json'}")
 
 
+def _step_printer() -> Callable[[Any], None]:
+    """A progress line per search candidate: its value, the verdict, and an honest ETA
+    (mean time per candidate so far × the candidates left, once the answer is bracketed).
+    """
+    import time
+
+    start = time.perf_counter()
+
+    def show(step: Any) -> None:
+        elapsed = time.perf_counter() - start
+        metrics = ", ".join(f"{k} {v:.4g}" for k, v in step.values.items())
+        if step.left is None:
+            todo = "bracketing"
+        elif step.left == 0:
+            todo = "done"
+        else:
+            todo = (f"at most {step.left} more, about "
+                    f"{elapsed / step.done * step.left:.0f} s left")
+        console.print(f"[dim]candidate {step.done}: {step.knob}={step.value:.4g} "
+                      f"{'met' if step.met else 'missed'} ({metrics}); {elapsed:.0f} s so "
+                      f"far, {todo}[/]", highlight=False, soft_wrap=True)
+
+    return show
+
+
 @app.command("replicas")
 def replicas_cmd(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML path or builtin:NAME.")],
-    target_rps: Annotated[float, typer.Option(help="The load to hold.")],
-    slo: Annotated[list[str], typer.Option(help="Objective KEY=VALUE (repeatable).")],
-    seeds: Annotated[int, typer.Option()] = 3,
-    set_: Annotated[list[str] | None, typer.Option("--set")] = None,
+    target_rps: Annotated[float, typer.Option(help="The load to hold (requests per second).")],
+    slo: Annotated[list[str], typer.Option(
+        help="Objective KEY=VALUE, as for capacity: p99_ms, error_rate, ... (repeatable; all "
+             "must hold).")],
+    seeds: Annotated[int, typer.Option(help="Replications per replica count.")] = 3,
+    max_replicas: Annotated[int, typer.Option(
+        min=1, help="Give up above this many replicas.")] = 256,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Directory for replicas.json and runs.parquet.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        help="Local processes per replica count (default: cores).")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a base field (repeatable).")] = None,
 ) -> None:
     """The fewest replicas that hold the SLO at TARGET_RPS, with cost per million requests."""
-    from sim.experiments.capacity import replicas_needed
+    from sim.experiments.capacity import check_objectives, replicas_needed
+    from sim.rundir import write_json
 
     try:
-        answer = replicas_needed(sim_load(scenario, set_), target_rps, slo, seeds=seeds)
+        base = sim_load(scenario, set_)
+        check_objectives(base, slo)  # a bad objective: one error line, before progress
+        if not target_rps > 0:
+            fail(f"--target-rps {target_rps:g}: must be > 0")
+        console.print(f"[dim]replica counts for {' '.join(slo)} at {target_rps:g} req/s: "
+                      f"{seeds} runs per count; doubling from 1 until it holds, then "
+                      "bisecting[/]", soft_wrap=True)
+        answer = replicas_needed(base, target_rps, slo, seeds=seeds,
+                                 max_replicas=max_replicas, workers=workers,
+                                 on_step=_step_printer())
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -590,6 +700,14 @@ def replicas_cmd(
                   f"{answer.get('latency_ms.p99', answer.get('e2e_ms.p99')):.1f} ms"
                   + (f", {cost:.2f} USD per million requests" if cost else "") + ")")
     console.print(f"tried: {answer['tried']}")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        runs = answer.pop("runs")
+        write_json(out / "replicas.json", answer)
+        runs.to_parquet(out / "runs.parquet", index=False)
+        console.print(f"written: {out / 'replicas.json'}")
+    else:
+        answer.pop("runs", None)
 
 
 @app.command("dashboard")

@@ -63,7 +63,10 @@ def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
         table.add_row("censored (unfinished when the run stopped)", _fmt(censored))
     stability = summary.get("stability") or {}
     if stability:
-        table.add_row("stability", f"{stability['verdict']} (offered/capacity "
+        from sim.stability import busy_at_low_load
+
+        word = "busy at low load" if busy_at_low_load(summary) else stability["verdict"]
+        table.add_row("stability", f"{word} (offered/capacity "
                       f"{_fmt(stability['rho_offered'])})")
     return table
 
