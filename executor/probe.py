@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,8 +216,11 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
         runner: The model runner (the one a live replica uses).
         profile: The profile whose medians the probe is compared with.
         sizes: Batch sizes (items) to probe; each must be measured in the profile.
-        budget_s: Target total time; sets the repetitions per size (within the bounds). With
-            cold samples in the profile, a third of it goes to cold batches.
+        budget_s: Target total time; sets the repetitions per size (within the bounds) and
+            which sizes run: when ``min_reps`` of every size would not fit, the middle sizes
+            that do not fit are left out (:func:`sizes_within_budget`; the smallest and the
+            largest always run). With cold samples in the profile, a third of it goes to cold
+            batches.
         min_reps: Fewest timed batches per size.
         max_reps: Most timed batches per size.
         seed: Seeds the payloads.
@@ -239,10 +242,21 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     reps: dict[int, int] = {}
     cold_size = sizes[0] if sizes[0] == 1 and 1 in profile.cold_samples_s else 0
     warm_budget_s = budget_s * (2 / 3 if cold_size else 1.0)
-    for size in sizes:
-        pilot, _ = _saturated(runner, size, 3, seed)  # warm-up; sets the repetitions
-        n = int(np.clip(warm_budget_s / len(sizes) / max(float(pilot[-1]), 1e-6), min_reps,
-                        max_reps))
+    ordered = sorted(sizes)
+    first_pilot, _ = _saturated(runner, ordered[0], 3, seed)  # warm-up; the device's speed
+    speed = max(float(first_pilot[-1]) / profile.median_s(ordered[0]), 1e-3)
+    chosen = sizes_within_budget(
+        ordered, lambda b: speed * profile.median_s(b) * (min_reps + 5), warm_budget_s)
+    left_s = warm_budget_s
+    for i, size in enumerate(chosen):
+        pilot = first_pilot if size == ordered[0] else _saturated(runner, size, 3, seed)[0]
+        batch_s = max(float(pilot[-1]), 1e-6)
+        # this size's share of what is left, keeping the minimum for the sizes after it
+        reserve_s = sum(speed * profile.median_s(b) * (min_reps + 5) for b in chosen[i + 1:])
+        share_s = (left_s - reserve_s) / (len(chosen) - i) if i < len(chosen) - 1 else \
+            left_s - reserve_s
+        n = int(np.clip(share_s / batch_s - 5, min_reps, max_reps))
+        left_s -= (n + 5) * batch_s
         times, extra = _saturated(runner, size, n + 2, seed)
         times, extra = times[1:], extra[1:]  # the first batch ran after idling
         model[size] = float(np.median(times))
@@ -263,6 +277,32 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     return Probe(model, {b: profile.median_s(b) for b in model}, float(np.mean(overheads)),
                  reps, time.perf_counter() - t0, model_se, cold_size, cold_median_s,
                  cold_profile_s, cold_reps)
+
+
+def sizes_within_budget(sizes: Sequence[int], cost_s: Callable[[int], float],
+                        budget_s: float) -> list[int]:
+    """The sizes to probe so that their estimated cost fits ``budget_s``: the largest and
+    the smallest always (the range the scenario dispatches), then the middle ones in
+    bisection order while they fit. The pooled speed scale needs no more than that.
+    """
+    ordered = sorted(sizes)
+    priority = [ordered[-1], ordered[0]]
+    spans = [(0, len(ordered) - 1)]
+    while spans:
+        lo, hi = spans.pop(0)
+        if hi - lo < 2:
+            continue
+        mid = (lo + hi) // 2
+        priority.append(ordered[mid])
+        spans += [(lo, mid), (mid, hi)]
+    chosen: list[int] = []
+    spent = 0.0
+    for size in dict.fromkeys(priority):
+        cost = cost_s(size)
+        if len(chosen) < 2 or spent + cost <= budget_s:
+            chosen.append(size)
+            spent += cost
+    return sorted(chosen)
 
 
 def pooled_scale(probes: Sequence[Probe]) -> float:

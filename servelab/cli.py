@@ -117,6 +117,21 @@ DRAIN_HELP = ("Stop draining this long after the last arrival (default: the wind
               "what is left counts as in flight (censored).")
 MAX_WALL_HELP = "Refuse when the predicted wall time exceeds this (seconds)."
 FORCE_HELP = "Run live even when the simulator predicts an unstable or too long run."
+MODEL_HELP = ("The model to run live (the scenario's model: name): minilm | mlp | cnn | "
+              "module.path:factory (imported from the current directory) | hf:DIR_OR_CONFIG. "
+              "Default: the model recorded in the scenario's profile.")
+
+
+def _with_model(scenario: str, set_: list[str] | None, model: str | None) -> list[str] | None:
+    """``--model X`` is ``--set model.name=X`` (request-level scenarios: an LLM scenario's
+    decoder comes from its step profile or its model.params).
+    """
+    if model is None:
+        return set_
+    if _is_llm(scenario):
+        fail("--model: an LLM scenario runs the decoder its step profile measured; set "
+             "model.params in the scenario (e.g. --set model.params.layers=8) instead")
+    return [*(set_ or []), f"model.name={model}"]
 
 
 def _title(name: str, meta: dict[str, object]) -> str:
@@ -284,12 +299,14 @@ def live_cmd(
     drain_timeout_s: Annotated[float | None, typer.Option(help=DRAIN_HELP)] = None,
     max_wall_s: Annotated[float, typer.Option(help=MAX_WALL_HELP)] = 600.0,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
 ) -> None:
     """Run SCENARIO in real time against the real model (same policies and schedule as sim)."""
     from executor.run import live
 
     if on_interrupt not in ("drain", "abandon"):
         fail(f"--on-interrupt {on_interrupt!r}: allowed: drain, abandon")
+    set_ = _with_model(scenario, set_, model)
     if _is_llm(scenario):
         _live_llm(scenario, out, set_, on_interrupt, drain_timeout_s, max_wall_s, force)
         return
@@ -389,10 +406,12 @@ def compare_cmd(
         help="Refuse when the predicted wall time of all live runs exceeds this (seconds)."),
     ] = 600.0,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
 ) -> None:
     """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
     from executor.compare import compare, sweep
 
+    set_ = _with_model(scenario, set_, model)
     rhos: list[float] = []
     if sweep_:
         try:

@@ -22,7 +22,7 @@ def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
         return llm_summary_table(summary, title)
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", no_wrap=True)  # numbers are never cut
     rows = [
         ("requests (in window)", summary["requests"]),
         ("ok / rejected / timed out / dropped / failed",
@@ -75,7 +75,7 @@ def llm_summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
     """An LLM run: counts, request and token throughput, then TTFT/TPOT/ITL/E2E in ms."""
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", no_wrap=True)  # numbers are never cut
     rows: list[tuple[str, Any]] = [
         ("requests (in window)", summary["requests"]),
         ("ok / rejected / failed / in flight",

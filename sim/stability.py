@@ -35,6 +35,7 @@ from sim.folds import StepFold
 
 T_CRIT = 3.0
 SATURATED_RHO = 0.95
+LOW_LOAD_RHO = 0.75  # below this share of capacity a busy device is "busy at low load"
 TREND_SEGMENTS = 10
 
 
@@ -164,7 +165,8 @@ def verdict(*, offered_rps: float, capacity: float, utilization: float, trend: T
 
 
 def busy_at_low_load(summary: dict[str, Any]) -> bool:
-    """Whether a ``saturated`` verdict comes only from a busy device at low offered load.
+    """Whether a ``saturated`` verdict comes only from a busy device at low offered load
+    (below :data:`LOW_LOAD_RHO` of the capacity).
 
     The verdict (kept as it is: the summary's fields are a contract) calls a run saturated
     when the device is busy at least :data:`SATURATED_RHO` of the time. With small batches at
@@ -176,7 +178,7 @@ def busy_at_low_load(summary: dict[str, Any]) -> bool:
     rho = stability.get("rho_offered")
     reason = str(stability.get("reason", ""))
     return (stability.get("verdict") == "saturated" and isinstance(rho, float)
-            and math.isfinite(rho) and rho < SATURATED_RHO
+            and math.isfinite(rho) and rho < LOW_LOAD_RHO
             and reason.startswith("at the limit") and "queue grew" not in reason)
 
 

@@ -280,3 +280,24 @@ def test_probe_remeasures_the_cold_effect_separately() -> None:
     cold_ms = float(np.median(refreshed.cold_samples_s[1])) * 1e3
     assert cold_ms == pytest.approx(12.0 + measured.overhead_s * 1e3, rel=0.05)
     assert measured.to_dict()["cold"]["reps"] == measured.cold_reps
+
+
+def test_probe_keeps_to_its_budget_by_leaving_out_middle_sizes() -> None:
+    from executor.probe import sizes_within_budget
+
+    sizes = [1, 2, 3, 4, 5, 6, 7, 8]
+    prof = LatencyProfile(samples_s={b: np.full(20, 0.005 * b) for b in sizes},
+                          model={"name": "sleep"}, device={"kind": "cpu"},
+                          meta={"threads": 1})
+    # 8 reps + pilot of every size would take 13 × 5 ms × 36 = 2.3 s; the budget is 0.8 s
+    assert sizes_within_budget(sizes, lambda b: 13 * 0.005 * b, 0.8) == [1, 2, 8]
+    assert sizes_within_budget(sizes, lambda b: 13 * 0.005 * b, 0.1) == [1, 8]  # the range
+    budget_s = 0.8
+    result = probe(SleepRunner(lambda n: 0.005 * n), prof, sizes, budget_s=budget_s)
+    assert set(result.reps) == {1, 2, 8} and min(result.reps.values()) >= 8
+    assert result.scale == pytest.approx(1.0, rel=0.05)
+    # the model time spent (pilots, the discarded first batch and the timed ones) fits the
+    # budget; the wall time adds the driver's start-up per size, which a loaded machine
+    # stretches, so it is not what is asserted
+    spent_s = sum((result.reps[b] + 4) * result.model_median_s[b] for b in result.reps)
+    assert spent_s <= budget_s  # every size would have needed 2.3 s
