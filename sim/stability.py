@@ -36,6 +36,7 @@ from sim.folds import StepFold
 T_CRIT = 3.0
 SATURATED_RHO = 0.95
 LOW_LOAD_RHO = 0.75  # below this share of capacity a busy device is "busy at low load"
+FULL_BATCHES = 0.9  # ... unless its batches are this full (mean / max batch size)
 TREND_SEGMENTS = 10
 
 
@@ -177,6 +178,10 @@ def busy_at_low_load(summary: dict[str, Any]) -> bool:
     stability = summary.get("stability") or {}
     rho = stability.get("rho_offered")
     reason = str(stability.get("reason", ""))
+    fill = summary.get("batch_utilization")
+    if isinstance(fill, int | float) and fill >= FULL_BATCHES:
+        return False  # full batches on a busy device: that is the limit (the capacity
+        # estimate is off, e.g. a live device slower than its profile)
     return (stability.get("verdict") == "saturated" and isinstance(rho, float)
             and math.isfinite(rho) and rho < LOW_LOAD_RHO
             and reason.startswith("at the limit") and "queue grew" not in reason)

@@ -71,3 +71,19 @@ def test_autoscaling() -> None:
     assert replicas.loc[1] > replicas.loc[4]  # a low target holds more replicas
     assert target["latency_ms.p99"].mean().loc[4] > target["latency_ms.p99"].mean().loc[1]
     assert t["meets_slo"].any() and not t["meets_slo"].all()
+
+
+def test_an_example_runs_the_way_the_readme_says(tmp_path) -> None:
+    """The README runs examples with ``python -m examples.NAME`` from the clone's root."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what -m gives
+    done = subprocess.run([sys.executable, "-m", "examples.batch_size_tradeoff", "--quick"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "greedy batching" in done.stdout
