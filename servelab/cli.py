@@ -230,8 +230,10 @@ def scenarios() -> None:
 @app.command()
 def calibrate(
     model: Annotated[str, typer.Option(
-        help="minilm | mlp | cnn | module.path:factory, or llm (a decoder's step profile; "
-             "--param shape=small|1b|8b and its sizes)")] = "minilm",
+        help="minilm | mlp | cnn | module.path:factory (imported from the current "
+             "directory) | hf:DIR_OR_CONFIG (a Hugging Face encoder or decoder), or llm (a "
+             "decoder's step profile; --config config.json, or --param shape=small|1b|8b and "
+             "its sizes)")] = "minilm",
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (fp16 needs CUDA)")] = "fp32",
     threads: Annotated[int | None, typer.Option(
@@ -257,21 +259,36 @@ def calibrate(
         min=0, help="Also time this many cold starts (build the runner, load weights, move to "
         "the device, first forward): autoscaled scenarios draw new replicas' start-up from "
         "them.")] = 0,
+    config: Annotated[Path | None, typer.Option(
+        help="With --model llm: a Hugging Face config.json (Llama, Qwen2, Mistral...) or a "
+             "directory holding one; the decoder takes its layers, hidden size, heads, KV "
+             "heads, MLP width and vocabulary (random weights).")] = None,
+    budget_s: Annotated[float, typer.Option(
+        min=1, help="With --model llm: refuse a calibration estimated to take longer than "
+        "this (seconds) unless --yes.")] = 600.0,
+    yes: Annotated[bool, typer.Option(
+        "--yes", help="Run even when the estimate exceeds --budget-s.")] = False,
 ) -> None:
     """Measure a model's batched latency curve; write the profile JSON and an HTML report.
+
+    Ctrl-C writes what was measured so far.
 
     With --model llm: measure a Llama-architecture decoder's step time over a grid of step
     compositions and its error on held-out steps of the Azure trace; write a step profile.
     """
     from calibration.commands import parse_params, run_calibration
 
+    if config is not None and model != "llm":
+        fail("--config: only with --model llm (a Hugging Face encoder or decoder for "
+             "request-level serving: --model hf:DIR_OR_CONFIG)")
     if model == "llm":
         from calibration.step_commands import run_step_calibration
 
         try:
             run_step_calibration(device=device, dtype=dtype, threads=threads, reps=reps,
                                  warmup=warmup, seed=seed, params=parse_params(param or []),
-                                 out=out, console=console)
+                                 out=out, console=console, config=config, budget_s=budget_s,
+                                 yes=yes)
         except USER_ERRORS as exc:
             fail(str(exc))
         return
