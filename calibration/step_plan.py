@@ -2,10 +2,10 @@
 
 Three pilot steps are timed (one decode at the shortest context, a prefill of at most 64
 tokens, the most decodes at the longest context), once each after one untimed run, so the
-pilot stays short next to the run it estimates; every step to measure is then costed by a model linear
-in prefill tokens and in attended KV tokens, and the sum over its warm-up and timed runs is
-the estimate. It is rough (± a factor of two where the grid bends), but it says "42 minutes"
-before the 42 minutes start rather than after.
+pilot stays short next to the run it estimates; every step to measure is then costed by a
+model linear in prefill tokens and in attended KV tokens, and the sum over its warm-up and
+timed runs is the estimate. It is rough (± a factor of two where the grid bends), but it
+says "42 minutes" before the 42 minutes start rather than after.
 """
 
 from __future__ import annotations

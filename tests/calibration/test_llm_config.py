@@ -59,7 +59,7 @@ def test_calibration_estimates_refuses_over_budget_and_labels_the_shape(
     common = {"device": "cpu", "dtype": "fp32", "threads": 1, "reps": 1, "warmup": 0,
               "seed": 0, "params": {}, "console": console, "config": config}
     out = tmp_path / "llm.json"
-    with pytest.raises(UserError, match="over the budget of .*--yes"):
+    with pytest.raises(UserError, match=r"over the budget of .*--yes"):
         run_step_calibration(out=out, budget_s=1e-3, **common)  # type: ignore[arg-type]
     assert not out.exists()
     assert "estimated time: about" in console.export_text()
@@ -81,7 +81,7 @@ def test_ctrl_c_keeps_complete_rounds_or_the_raw_samples(torch: object) -> None:
     grid = Grid((0, 16), (0, 1, 2), (32, 64))
     steps = len(grid.points()) + 9  # + the prefix chunks of 64/256/512 at 0/256/1024
 
-    def stop_after(n: int):  # noqa: ANN202 - a progress callback that presses Ctrl-C
+    def stop_after(n: int):  # a progress callback that presses Ctrl-C after n steps
         def progress(done: int, total: int) -> None:
             if done == n:
                 raise KeyboardInterrupt

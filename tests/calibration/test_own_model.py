@@ -110,7 +110,7 @@ def test_hf_directory_with_weights_and_tokenizer_is_the_real_model(torch: object
 
 def test_bad_hf_models_are_one_clear_line(tmp_path: Path, torch: object,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(RunnerError, match="no such directory or config.json"):
+    with pytest.raises(RunnerError, match=r"no such directory or config\.json"):
         build_runner(f"hf:{tmp_path / 'nothing'}", device="cpu")
     (tmp_path / "bad.json").write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(RunnerError, match="has no model_type"):
