@@ -1,6 +1,6 @@
 """How long ``servelab calibrate --model llm`` will take, estimated before it starts.
 
-Three pilot steps are timed (one decode at the shortest context, a prefill of at most 64
+Three pilot steps are timed (one decode at the shortest context, a prefill of at most 256
 tokens, the most decodes at the longest context), once each after one untimed run, so the
 pilot stays short next to the run it estimates; every step to measure is then costed by a
 model linear in prefill tokens and in attended KV tokens, and the sum over its warm-up and
@@ -56,7 +56,7 @@ def plan(step: Callable[[Any], Any], grid: Grid, *, max_len: int, held_out: int,
         return timer(lambda: step(entries))
 
     base_s = pilot(0, 1, l_min)
-    p_pilot = max([p for p in grid.prefill_tokens if 0 < p <= 64] or [p_max])
+    p_pilot = max([p for p in grid.prefill_tokens if 0 < p <= 256] or [p_max])
     per_prefill_s = max(0.0, pilot(p_pilot, 0, l_min) - base_s) / p_pilot
     per_kv_s = max(0.0, pilot(0, d_max, l_max) - base_s) / (d_max * l_max)
 
