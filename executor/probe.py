@@ -217,10 +217,10 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
         profile: The profile whose medians the probe is compared with.
         sizes: Batch sizes (items) to probe; each must be measured in the profile.
         budget_s: Target total time; sets the repetitions per size (within the bounds) and
-            which sizes run: when ``min_reps`` of every size would not fit, the middle sizes
-            that do not fit are left out (:func:`sizes_within_budget`; the smallest and the
-            largest always run). With cold samples in the profile, a third of it goes to cold
-            batches.
+            which sizes run: when ``min_reps`` of every size would not fit, the sizes that
+            do not fit are left out (:func:`sizes_within_budget`; the largest always runs),
+            and where even that is too long, fewer batches run (at least 3). With cold
+            samples in the profile, a third of it goes to cold batches.
         min_reps: Fewest timed batches per size.
         max_reps: Most timed batches per size.
         seed: Seeds the payloads.
@@ -244,19 +244,24 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     warm_budget_s = budget_s * (2 / 3 if cold_size else 1.0)
     ordered = sorted(sizes)
     first_pilot, _ = _saturated(runner, ordered[0], 3, seed)  # warm-up; the device's speed
-    speed = max(float(first_pilot[-1]) / profile.median_s(ordered[0]), 1e-3)
-    chosen = sizes_within_budget(
-        ordered, lambda b: speed * profile.median_s(b) * (min_reps + 5), warm_budget_s)
-    left_s = warm_budget_s
+    speed = max(float(np.median(first_pilot)) / profile.median_s(ordered[0]), 1e-3)
+    # what one short live run costs beyond its batches (driver start-up, thread hand-offs)
+    call_s = max(0.0, time.perf_counter() - t0 - float(np.sum(first_pilot)))
+    left_s = warm_budget_s - (time.perf_counter() - t0)
+
+    def cost_s(size: int) -> float:
+        return call_s + speed * profile.median_s(size) * (min_reps + 2)
+
+    chosen = sizes_within_budget(ordered, cost_s, left_s)
     for i, size in enumerate(chosen):
-        pilot = first_pilot if size == ordered[0] else _saturated(runner, size, 3, seed)[0]
-        batch_s = max(float(pilot[-1]), 1e-6)
-        # this size's share of what is left, keeping the minimum for the sizes after it
-        reserve_s = sum(speed * profile.median_s(b) * (min_reps + 5) for b in chosen[i + 1:])
+        batch_s = max(speed * profile.median_s(size), 1e-6)  # the profile at today's speed
+        # this size's share of what is left, keeping the minimum for the sizes after it;
+        # fewer than min_reps batches (at least 3) only where the budget cannot hold them
+        reserve_s = sum(cost_s(b) for b in chosen[i + 1:]) + call_s
         share_s = (left_s - reserve_s) / (len(chosen) - i) if i < len(chosen) - 1 else \
             left_s - reserve_s
-        n = int(np.clip(share_s / batch_s - 5, min_reps, max_reps))
-        left_s -= (n + 5) * batch_s
+        n = int(np.clip(share_s / batch_s - 2, 3, max_reps))
+        started_s = time.perf_counter()
         times, extra = _saturated(runner, size, n + 2, seed)
         times, extra = times[1:], extra[1:]  # the first batch ran after idling
         model[size] = float(np.median(times))
@@ -264,10 +269,11 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
                                / model[size])
         overheads.extend(extra.tolist())
         reps[size] = int(times.size)
+        left_s -= time.perf_counter() - started_s
     cold_median_s, cold_reps = math.nan, 0
     if cold_size:
         idle_s = float((profile.meta.get("cold") or {}).get("idle_ms", 50.0)) / 1e3
-        warm_s = model[cold_size]
+        warm_s = model.get(cold_size, speed * profile.median_s(cold_size))
         n = int(np.clip(budget_s / 3 / (idle_s + 1.2 * warm_s), min_reps, max_reps))
         cold_times = _cold(runner, n, idle_s, warm_s, profile.cold_after_s, seed)
         if cold_times.size:
@@ -281,9 +287,9 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
 
 def sizes_within_budget(sizes: Sequence[int], cost_s: Callable[[int], float],
                         budget_s: float) -> list[int]:
-    """The sizes to probe so that their estimated cost fits ``budget_s``: the largest and
-    the smallest always (the range the scenario dispatches), then the middle ones in
-    bisection order while they fit. The pooled speed scale needs no more than that.
+    """The sizes to probe so that their estimated cost fits ``budget_s``: the largest
+    always, then the smallest (the range the scenario dispatches) and the middle ones in
+    bisection order while they fit. One pooled speed scale needs no more than that.
     """
     ordered = sorted(sizes)
     priority = [ordered[-1], ordered[0]]
@@ -299,7 +305,7 @@ def sizes_within_budget(sizes: Sequence[int], cost_s: Callable[[int], float],
     spent = 0.0
     for size in dict.fromkeys(priority):
         cost = cost_s(size)
-        if len(chosen) < 2 or spent + cost <= budget_s:
+        if not chosen or spent + cost <= budget_s:
             chosen.append(size)
             spent += cost
     return sorted(chosen)
