@@ -4,7 +4,9 @@ A runner is what calibration times and what the live executor calls, so the meas
 includes collation (tokenisation, padding, stacking, host-to-device copies) exactly as served.
 
 The contract (:class:`ModelRunner`) is a Protocol, not a base class: bring your own with
-``--model my_module:make_runner`` (a factory returning any object with these members).
+``--model my_module:make_runner`` (a factory returning any object with these members; the
+module is imported from the current directory first), or run a Hugging Face model with
+``--model hf:DIR_OR_CONFIG`` (:mod:`calibration.hf_runner`).
 torch is imported only when a runner is built.
 
 Built-in models (``RUNNERS``):
@@ -19,6 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 import platform
+import sys
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, Protocol, runtime_checkable
@@ -379,30 +382,60 @@ RUNNERS: dict[str, Callable[..., ModelRunner]] = {
 }
 
 
+HF_PREFIX = "hf:"
+
+
+def import_factory(model: str) -> Callable[..., Any]:
+    """The factory named by ``module.path:factory``, imported from the current directory
+    first (as ``python -m`` would), so ``--model mymodel:make_runner`` needs no PYTHONPATH.
+
+    Raises:
+        RunnerError: the module or the attribute cannot be imported (with why).
+    """
+    module_name, _, attr = model.partition(":")
+    if not module_name or not attr:
+        raise RunnerError(f"--model {model!r}: expected module.path:factory, e.g. "
+                          "mymodel:make_runner")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise RunnerError(f"--model {model!r}: cannot import the factory ({exc}; looked in "
+                          f"{cwd} and the installed packages)") from None
+    if not callable(factory):
+        raise RunnerError(f"--model {model!r}: {attr} is not callable")
+    return factory  # type: ignore[no-any-return]
+
+
 def build_runner(model: str, *, device: str = "auto", dtype: str = "fp32",
                  threads: int | None = None, compile: bool = False,
                  params: dict[str, Any] | None = None) -> ModelRunner:
-    """Build a runner by name (``minilm``, ``mlp``, ``cnn``) or ``module.path:factory``.
+    """Build a runner by name (``minilm``, ``mlp``, ``cnn``), ``module.path:factory`` or
+    ``hf:DIR_OR_CONFIG`` (:mod:`calibration.hf_runner`).
 
     A factory is imported only when named explicitly and is called with
     ``device=, dtype=, threads=, compile=`` and the ``params``.
     """
     kwargs: dict[str, Any] = {"device": device, "dtype": dtype, "threads": threads,
                               "compile": compile, **(params or {})}
-    if ":" in model:
-        module_name, _, attr = model.partition(":")
+    if model.startswith(HF_PREFIX):
+        from calibration.hf_runner import HfRunner
+
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise RunnerError(f"--model {model!r}: cannot import the factory ({exc})") from None
-        runner = factory(**kwargs)
+            return HfRunner(model[len(HF_PREFIX):], **kwargs)
+        except TypeError as exc:
+            raise RunnerError(f"--model {model}: bad --param ({exc})") from None
+    if ":" in model:
+        runner = import_factory(model)(**kwargs)
         if not isinstance(runner, ModelRunner):
             raise RunnerError(f"--model {model!r}: the factory returned {type(runner).__name__}, "
                               "which lacks name/device/payloads/run_batch/describe")
         return runner
     if model not in RUNNERS:
-        raise RunnerError(f"--model {model!r}: allowed: {', '.join(RUNNERS)}, or "
-                          "module.path:factory")
+        raise RunnerError(f"--model {model!r}: allowed: {', '.join(RUNNERS)}, "
+                          "module.path:factory, or hf:DIR_OR_CONFIG")
     try:
         built: ModelRunner = RUNNERS[model](**kwargs)
     except TypeError as exc:

@@ -1,8 +1,9 @@
 """Measure an LLM decoder's step-time profile: ``servelab calibrate --model llm``.
 
 Every grid composition (P prefill tokens as one chunk, D decodes at context L) is run
-``warmup`` times untimed, then ``reps`` times timed in one shuffled order across the grid (so
-drift spreads over all points rather than biasing some), with device synchronisation around
+``warmup`` times untimed, then ``reps`` times timed in ``reps`` rounds, each round every
+point once in its own shuffled order (so drift spreads over all points rather than biasing
+some, and Ctrl-C after a round leaves a complete grid), with device synchronisation around
 each timed step on CUDA. All samples are kept. ``held_out`` then measures compositions drawn
 from a simulated workload's own steps and reports the profile's prediction error on them.
 """
@@ -51,6 +52,31 @@ CONTEXT_STARTS = (0, 256, 1024)
 CPU_GRID = Grid((0, 16, 64, 256, 512, 1024), (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
                 (128, 512, 1024, 1536))
 CUDA_GRID = Grid((0, 64, 256, 1024, 2048, 4096), (0, 1, 4, 16, 32, 63), (256, 1024, 3072))
+
+
+class StepsInterrupted(KeyboardInterrupt):
+    """Ctrl-C before every grid step had a sample: no usable profile, but what was timed.
+
+    Attributes:
+        done: Timed steps so far.
+        total: Timed steps planned.
+        steps: Every (P, D, L, start) planned.
+        timings: Samples (s) per planned step.
+    """
+
+    def __init__(self, done: int, total: int, steps: list[tuple[int, int, int, int]],
+                 timings: list[list[float]]) -> None:
+        super().__init__(f"interrupted after {done} of {total} timed steps")
+        self.done, self.total, self.steps, self.timings = done, total, steps, timings
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: each step's composition and samples."""
+        return {"kind": "llm_step_samples_partial", "timed_steps": self.done,
+                "of": self.total,
+                "steps": [{"prefill_tokens": p, "decode_seqs": d, "context_tokens": ctx,
+                           "prefill_start": start, "samples_s": t}
+                          for (p, d, ctx, start), t in zip(self.steps, self.timings,
+                                                           strict=True)]}
 
 
 def entries_for(p: int, d: int, ctx: int, start: int = 0) -> list[StepEntry]:
@@ -123,21 +149,33 @@ def measure_steps(decoder: LlamaDecoder, grid: Grid, *, reps: int = 5, warmup: i
         extra.append((p, d, max(1, kv // d) if d else grid.context_tokens[0],
                       min(context // p, cfg.max_len - p) if p else 0))
     everything = grid_points + chunks + extra
-    for p, d, ctx, start in everything:
-        for _ in range(warmup):
-            decoder.step(entries_for(p, d, ctx, start))
-    order = [(k, pt) for k, pt in enumerate(everything) for _ in range(reps)]
-    np.random.default_rng(seed).shuffle(order)
     timings: list[list[float]] = [[] for _ in everything]
-    for n, (k, (p, d, ctx, start)) in enumerate(order):
-        entries = entries_for(p, d, ctx, start)
-        timings[k].append(timed(partial(decoder.step, entries)))
-        if progress:
-            progress(n + 1, len(order))
+    # rounds: each round times every step once, in its own shuffled order, so drift spreads
+    # over all steps and a run stopped after round r holds r samples of every step
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    for _ in range(reps):
+        round_ = np.arange(len(everything))
+        rng.shuffle(round_)
+        order += round_.tolist()
+    done = 0
+    try:
+        for p, d, ctx, start in everything:
+            for _ in range(warmup):
+                decoder.step(entries_for(p, d, ctx, start))
+        for k in order:
+            p, d, ctx, start = everything[k]
+            timings[k].append(timed(partial(decoder.step, entries_for(p, d, ctx, start))))
+            done += 1
+            if progress:
+                progress(done, len(order))
+    except KeyboardInterrupt:
+        if not all(timings[k] for k in range(len(grid_points))):
+            raise StepsInterrupted(done, len(order), everything, timings) from None
     points = grid.points()
     samples = {StepProfile.key(*pt): timings[k] for k, pt in enumerate(points)}
     context_samples = {f"{pt[0]},{pt[3]}": timings[len(grid_points) + k]
-                       for k, pt in enumerate(chunks)}
+                       for k, pt in enumerate(chunks) if timings[len(grid_points) + k]}
     described = decoder.describe()
     meta = {"model": described, "device": device_info(str(decoder.k_cache.device)),
             "dtype": str(decoder.k_cache.dtype).removeprefix("torch."),
@@ -145,13 +183,18 @@ def measure_steps(decoder: LlamaDecoder, grid: Grid, *, reps: int = 5, warmup: i
             "method": {"reps": reps, "warmup": warmup, "order": "shuffled", "seed": seed,
                        "sync": str(decoder.k_cache.device).startswith("cuda")},
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if done < len(order):
+        meta["interrupted"] = {"timed_steps": done, "of": len(order),
+                               "reps_complete": done // len(everything)}
     profile = StepProfile(list(grid.prefill_tokens), list(grid.decode_seqs),
                           list(grid.context_tokens), samples, meta=meta,
                           prefill_context_s=context_samples)
-    if extra:
+    first = len(grid_points) + len(chunks)
+    if any(timings[k] for k in range(first, len(everything))):
         rows = []
-        first = len(grid_points) + len(chunks)
         for k, (p, d, ctx, start) in enumerate(extra, start=first):
+            if not timings[k]:
+                continue
             kv = d * ctx
             rows.append({"prefill_tokens": p, "decode_seqs": d, "kv_tokens": kv,
                          "prefill_context": p * start,

@@ -2,7 +2,8 @@
 
 The MLP profile (builtin:mlp-cpu) was measured on this project's 2-core machines: one request
 costs ~0.7 ms alone but ~0.1 ms per item in a batch of 64, so batching decides whether the
-replica keeps up at all. Run: python examples/batch_size_tradeoff.py [--quick]
+replica keeps up at all. Run from the repository root:
+python -m examples.batch_size_tradeoff [--quick]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The same mean rate at burstiness CV 1, 2 and 4: queue length, P99 and rejections.
 
 Gamma inter-arrival gaps keep the mean rate and raise the variance; a bounded queue turns
-bursts into rejections instead of unbounded waits. Run: python examples/burstiness.py [--quick]
+bursts into rejections instead of unbounded waits. Run from the repository root: python -m examples.burstiness [--quick]
 """
 
 from __future__ import annotations

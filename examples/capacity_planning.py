@@ -2,7 +2,7 @@
 
 Each replica serves all-MiniLM-L6-v2 on one CPU thread (builtin:minilm-cpu, ~65 req/s alone);
 dynamic batching (max 8, 5 ms) in front, one shared queue. Priced at 0.05 USD per
-replica-hour (one core). Run: python examples/capacity_planning.py [--quick]
+replica-hour (one core). Run from the repository root: python -m examples.capacity_planning [--quick]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Under heavy load a short wait fills batches and pays; under light load it only adds latency.
 With a single sequential client (closed loop, one request in flight) a batch can never fill,
-so every request waits the full max_wait. Run: python examples/max_wait_tradeoff.py [--quick]
+so every request waits the full max_wait. Run from the repository root: python -m examples.max_wait_tradeoff [--quick]
 """
 
 from __future__ import annotations

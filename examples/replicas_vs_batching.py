@@ -1,7 +1,7 @@
 """One replica with batching against N replicas without: latency and cost per million.
 
 Priced at 1.20 USD per replica-hour (set your own). Batching buys throughput from the same
-device; replicas buy it with more devices. Run: python examples/replicas_vs_batching.py [--quick]
+device; replicas buy it with more devices. Run from the repository root: python -m examples.replicas_vs_batching [--quick]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Shared queue vs round robin vs JSQ vs power-of-two under skewed service times.
 
 Four replicas, gamma service times with CV 3 (a few very slow batches): a router that ignores
-load parks requests behind the slow ones. Run: python examples/routing.py [--quick]
+load parks requests behind the slow ones. Run from the repository root: python -m examples.routing [--quick]
 """
 
 from __future__ import annotations

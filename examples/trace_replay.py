@@ -4,7 +4,7 @@ The trace (builtin:azure_llm_2023_conv.csv, shipped in servelab/data/, CC-BY 4.0
 servelab/data/README.md)
 holds one hour of real arrivals. ``time_scale`` compresses or stretches it so that the mean
 rate gives the target utilisation on builtin:minilm-cpu with no batching; its bursts stay.
-Run: python examples/trace_replay.py [--quick]
+Run from the repository root: python -m examples.trace_replay [--quick]
 """
 
 from __future__ import annotations

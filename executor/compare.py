@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -187,11 +188,13 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     say = progress or (lambda _msg: None)
     drain_s = default_drain_timeout_s(scn) if drain_timeout_s is None else drain_timeout_s
     say("simulating")
+    started_s = time.perf_counter()
     first = sim.run(scn, drain_timeout_s=drain_s)
     profile = probe_target(scn) if probe_mode != "off" else None
+    extra_s = 2 * probe_budget_s if profile is not None else 0.0
     if not force:
-        check_live_bounds(first, max_wall_s=max_wall_s, repeats=repeats,
-                          extra_s_per_run=2 * probe_budget_s if profile is not None else 0.0)
+        check_live_bounds(first, max_wall_s=max_wall_s, repeats=repeats, extra_s_per_run=extra_s)
+    per_run_s = float(first.meta["end_s"]) + extra_s
     figure_sim, stored = predict(scn, out / "sim", sim_replications, drain_timeout_s=drain_s,
                                  first=first)
     runner_list = list(runners) if runners is not None else default_runners(scn)
@@ -203,7 +206,14 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     lives: list[Result] = []
     predictions: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
+    loop_s = time.perf_counter()
     for i in range(1, repeats + 1):
+        elapsed_s = time.perf_counter() - started_s
+        # the first estimate is the schedule, its predicted drain and the probes; later ones
+        # are what the runs so far took (model loading and predictions included)
+        each_s = (time.perf_counter() - loop_s) / (i - 1) if i > 1 else per_run_s
+        say(f"repeat {i}/{repeats}: {elapsed_s:.0f} s so far, about "
+            f"{each_s * (repeats - i + 1):.0f} s left")
         before = None
         if profile is not None:
             say(f"probing the device (batch sizes {sizes})")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,8 +216,11 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
         runner: The model runner (the one a live replica uses).
         profile: The profile whose medians the probe is compared with.
         sizes: Batch sizes (items) to probe; each must be measured in the profile.
-        budget_s: Target total time; sets the repetitions per size (within the bounds). With
-            cold samples in the profile, a third of it goes to cold batches.
+        budget_s: Target total time; sets the repetitions per size (within the bounds) and
+            which sizes run: when ``min_reps`` of every size would not fit, the sizes that
+            do not fit are left out (:func:`sizes_within_budget`; the largest always runs),
+            and where even that is too long, fewer batches run (at least 3). With cold
+            samples in the profile, a third of it goes to cold batches.
         min_reps: Fewest timed batches per size.
         max_reps: Most timed batches per size.
         seed: Seeds the payloads.
@@ -239,10 +242,26 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     reps: dict[int, int] = {}
     cold_size = sizes[0] if sizes[0] == 1 and 1 in profile.cold_samples_s else 0
     warm_budget_s = budget_s * (2 / 3 if cold_size else 1.0)
-    for size in sizes:
-        pilot, _ = _saturated(runner, size, 3, seed)  # warm-up; sets the repetitions
-        n = int(np.clip(warm_budget_s / len(sizes) / max(float(pilot[-1]), 1e-6), min_reps,
-                        max_reps))
+    ordered = sorted(sizes)
+    first_pilot, _ = _saturated(runner, ordered[0], 3, seed)  # warm-up; the device's speed
+    speed = max(float(np.median(first_pilot)) / profile.median_s(ordered[0]), 1e-3)
+    # what one short live run costs beyond its batches (driver start-up, thread hand-offs)
+    call_s = max(0.0, time.perf_counter() - t0 - float(np.sum(first_pilot)))
+    left_s = warm_budget_s - (time.perf_counter() - t0)
+
+    def cost_s(size: int) -> float:
+        return call_s + speed * profile.median_s(size) * (min_reps + 2)
+
+    chosen = sizes_within_budget(ordered, cost_s, left_s)
+    for i, size in enumerate(chosen):
+        batch_s = max(speed * profile.median_s(size), 1e-6)  # the profile at today's speed
+        # this size's share of what is left, keeping the minimum for the sizes after it;
+        # fewer than min_reps batches (at least 3) only where the budget cannot hold them
+        reserve_s = sum(cost_s(b) for b in chosen[i + 1:]) + call_s
+        share_s = (left_s - reserve_s) / (len(chosen) - i) if i < len(chosen) - 1 else \
+            left_s - reserve_s
+        n = int(np.clip(share_s / batch_s - 2, 3, max_reps))
+        started_s = time.perf_counter()
         times, extra = _saturated(runner, size, n + 2, seed)
         times, extra = times[1:], extra[1:]  # the first batch ran after idling
         model[size] = float(np.median(times))
@@ -250,10 +269,11 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
                                / model[size])
         overheads.extend(extra.tolist())
         reps[size] = int(times.size)
+        left_s -= time.perf_counter() - started_s
     cold_median_s, cold_reps = math.nan, 0
     if cold_size:
         idle_s = float((profile.meta.get("cold") or {}).get("idle_ms", 50.0)) / 1e3
-        warm_s = model[cold_size]
+        warm_s = model.get(cold_size, speed * profile.median_s(cold_size))
         n = int(np.clip(budget_s / 3 / (idle_s + 1.2 * warm_s), min_reps, max_reps))
         cold_times = _cold(runner, n, idle_s, warm_s, profile.cold_after_s, seed)
         if cold_times.size:
@@ -263,6 +283,32 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     return Probe(model, {b: profile.median_s(b) for b in model}, float(np.mean(overheads)),
                  reps, time.perf_counter() - t0, model_se, cold_size, cold_median_s,
                  cold_profile_s, cold_reps)
+
+
+def sizes_within_budget(sizes: Sequence[int], cost_s: Callable[[int], float],
+                        budget_s: float) -> list[int]:
+    """The sizes to probe so that their estimated cost fits ``budget_s``: the largest
+    always, then the smallest (the range the scenario dispatches) and the middle ones in
+    bisection order while they fit. One pooled speed scale needs no more than that.
+    """
+    ordered = sorted(sizes)
+    priority = [ordered[-1], ordered[0]]
+    spans = [(0, len(ordered) - 1)]
+    while spans:
+        lo, hi = spans.pop(0)
+        if hi - lo < 2:
+            continue
+        mid = (lo + hi) // 2
+        priority.append(ordered[mid])
+        spans += [(lo, mid), (mid, hi)]
+    chosen: list[int] = []
+    spent = 0.0
+    for size in dict.fromkeys(priority):
+        cost = cost_s(size)
+        if not chosen or spent + cost <= budget_s:
+            chosen.append(size)
+            spent += cost
+    return sorted(chosen)
 
 
 def pooled_scale(probes: Sequence[Probe]) -> float:

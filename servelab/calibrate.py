@@ -99,14 +99,22 @@ def show(profile: LatencyProfile, console: Console, title: str | None = None) ->
                       f"{row['se_median_pct']:.1f}", f"{row['p5_ms']:.3f}",
                       f"{row['p95_ms']:.3f}", f"{row['p99_ms']:.3f}", f"{row['cv']:.3f}",
                       f"{row['median_ms'] / b:.3f}", f"{b / row['median_ms'] * 1e3:,.0f}")
-    console.print(table)
+    # never cut a number to fit a narrow terminal: the table takes the width it needs
+    wide = Console(file=console.file, width=max(console.width, 112),
+                   force_terminal=console.is_terminal, no_color=console.no_color)
+    wide.print(table)
     fit = meta.get("fit")
     if fit:
         console.print(f"fit: {json.dumps(fit)}")
 
 
 def show_profile(ref: str, console: Console) -> None:
-    """``servelab profile show``."""
+    """``servelab profile show``: a request-level profile, or an LLM step profile."""
+    from calibration.step_show import is_step_profile, show_step_profile
+
+    if is_step_profile(ref):
+        show_step_profile(ref, console)
+        return
     show(load_profile(ref), console)
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -30,6 +30,21 @@ USER_ERRORS = (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryErr
                PermissionError, FileExistsError)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from servelab import __version__
+
+        console.print(f"servelab {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print servelab's version and exit.")] = False) -> None:
+    """servelab: simulate and measure model-serving policies."""
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print a one-line error and exit non-zero (no traceback)."""
     text = " ".join(str(message).split())  # one line, whatever the message held
@@ -51,10 +66,15 @@ def simulate(
         "sketch: as summary, with the latency samples as a fixed-size sketch (percentiles "
         "within a relative 3.05e-5 or 1 ns). Default: the scenario's records (full).")
     ] = None,
+    format_: Annotated[str, typer.Option(
+        "--format", help="Table files in the run directory: parquet (default) or csv.")
+    ] = "parquet",
 ) -> None:
     """Simulate SCENARIO and print a summary; with --out, write the run directory."""
     from sim.llm import StepInvariantError, run_any
 
+    if format_ not in TABLE_FORMATS:
+        fail(f"--format {format_!r}: allowed: {', '.join(TABLE_FORMATS)}")
     try:
         result = run_any(scenario, overrides=set_ or None, records=records)
     except USER_ERRORS as exc:
@@ -65,6 +85,10 @@ def simulate(
         return
     if out is not None:
         result.write(out)
+        if format_ == "csv":
+            from servelab.formats import tables_to_csv
+
+            tables_to_csv(out)
     warn_stability(result.summary)
     if not quiet:
         console.print(_title(result.scenario.name, result.meta))
@@ -75,19 +99,41 @@ def simulate(
             console.print(f"run directory: {out}")
 
 
-def warn_stability(summary: dict[str, object]) -> None:
-    """Print the stability verdict as a warning line when the run is not stable."""
-    from sim.metrics.stability import stability_warning
+TABLE_FORMATS = ("parquet", "csv")
 
-    text = stability_warning(summary)
-    if text:
-        err_console.print(f"[bold yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+
+def warn_stability(summary: dict[str, object]) -> None:
+    """Print the stability verdict as a warning line when the run is not stable (a note
+    when the device is busy at low load: that is not saturation).
+    """
+    from sim.metrics.stability import stability_note
+
+    note = stability_note(summary)
+    if note:
+        level, text = note
+        label = "[bold yellow]warning:[/]" if level == "warning" else "[cyan]note:[/]"
+        err_console.print(f"{label} {text}", highlight=False, soft_wrap=True)
 
 
 DRAIN_HELP = ("Stop draining this long after the last arrival (default: the window's length); "
               "what is left counts as in flight (censored).")
 MAX_WALL_HELP = "Refuse when the predicted wall time exceeds this (seconds)."
 FORCE_HELP = "Run live even when the simulator predicts an unstable or too long run."
+MODEL_HELP = ("The model to run live (the scenario's model: name): minilm | mlp | cnn | "
+              "module.path:factory (imported from the current directory) | hf:DIR_OR_CONFIG. "
+              "Default: the model recorded in the scenario's profile.")
+
+
+def _with_model(scenario: str, set_: list[str] | None, model: str | None) -> list[str] | None:
+    """``--model X`` is ``--set model.name=X`` (request-level scenarios: an LLM scenario's
+    decoder comes from its step profile or its model.params).
+    """
+    if model is None:
+        return set_
+    if _is_llm(scenario):
+        fail("--model: an LLM scenario runs the decoder its step profile measured; set "
+             "model.params in the scenario (e.g. --set model.params.layers=8) instead")
+    return [*(set_ or []), f"model.name={model}"]
 
 
 def _title(name: str, meta: dict[str, object]) -> str:
@@ -99,9 +145,34 @@ def _title(name: str, meta: dict[str, object]) -> str:
 
 
 @app.command()
-def demo(out: Annotated[Path | None, typer.Option("--out", "-o")] = None) -> None:
+def demo(out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Run directory to write.")] = None) -> None:
     """Simulate the shipped dynamic-batching demo scenario and print its summary."""
-    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records=None)
+    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records=None,
+             format_="parquet")
+
+
+@app.command("init")
+def init_cmd(
+    file: Annotated[Path | None, typer.Argument(
+        help="Scenario file to write (default: my.yaml, my-llm.yaml or my-autoscaling.yaml).")
+    ] = None,
+    kind: Annotated[str, typer.Option(
+        help="request (dynamic batching on a measured profile) | llm (continuous batching "
+             "on a measured step profile) | autoscaling (Ray Serve's target policy under a "
+             "rising and falling load)")] = "request",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite FILE if it exists.")
+                     ] = False,
+) -> None:
+    """Write a commented starter scenario that runs as is: servelab simulate FILE."""
+    from servelab.starter import write_starter
+
+    try:
+        path = write_starter(kind, file, force=force)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    console.print(f"wrote {path}; next: servelab simulate {path}")
 
 
 @app.command("compile")
@@ -161,8 +232,10 @@ def scenarios() -> None:
 @app.command()
 def calibrate(
     model: Annotated[str, typer.Option(
-        help="minilm | mlp | cnn | module.path:factory, or llm (a decoder's step profile; "
-             "--param shape=small|1b|8b and its sizes)")] = "minilm",
+        help="minilm | mlp | cnn | module.path:factory (imported from the current "
+             "directory) | hf:DIR_OR_CONFIG (a Hugging Face encoder or decoder), or llm (a "
+             "decoder's step profile; --config config.json, or --param shape=small|1b|8b and "
+             "its sizes)")] = "minilm",
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (fp16 needs CUDA)")] = "fp32",
     threads: Annotated[int | None, typer.Option(
@@ -203,8 +276,19 @@ def calibrate(
     scenario: Annotated[str | None, typer.Option(
         help="--endpoint: take the request payload from this scenario's payload: section.")]
     = None,
+    config: Annotated[Path | None, typer.Option(
+        help="With --model llm: a Hugging Face config.json (Llama, Qwen2, Mistral...) or a "
+             "directory holding one; the decoder takes its layers, hidden size, heads, KV "
+             "heads, MLP width and vocabulary (random weights).")] = None,
+    budget_s: Annotated[float, typer.Option(
+        min=1, help="With --model llm: refuse a calibration estimated to take longer than "
+        "this (seconds) unless --yes.")] = 600.0,
+    yes: Annotated[bool, typer.Option(
+        "--yes", help="Run even when the estimate exceeds --budget-s.")] = False,
 ) -> None:
     """Measure a model's batched latency curve; write the profile JSON and an HTML report.
+
+    Ctrl-C writes what was measured so far.
 
     With --model llm: measure a Llama-architecture decoder's step time over a grid of step
     compositions and its error on held-out steps of the Azure trace; write a step profile.
@@ -217,13 +301,17 @@ def calibrate(
         calibrate_endpoint_cmd(endpoint, api, endpoint_model, batch_sizes, reps, seed, out,
                                window_ms, server_max_batch_size, scenario)
         return
+    if config is not None and model != "llm":
+        fail("--config: only with --model llm (a Hugging Face encoder or decoder for "
+             "request-level serving: --model hf:DIR_OR_CONFIG)")
     if model == "llm":
         from servelab.calibrate_llm import run_step_calibration
 
         try:
             run_step_calibration(device=device, dtype=dtype, threads=threads, reps=reps,
                                  warmup=warmup, seed=seed, params=parse_params(param or []),
-                                 out=out, console=console)
+                                 out=out, console=console, config=config, budget_s=budget_s,
+                                 yes=yes)
         except USER_ERRORS as exc:
             fail(str(exc))
         return
@@ -251,12 +339,14 @@ def live_cmd(
     drain_timeout_s: Annotated[float | None, typer.Option(help=DRAIN_HELP)] = None,
     max_wall_s: Annotated[float, typer.Option(help=MAX_WALL_HELP)] = 600.0,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
 ) -> None:
     """Run SCENARIO in real time against the real model (same policies and schedule as sim)."""
     from executor.live_requests import live
 
     if on_interrupt not in ("drain", "abandon"):
         fail(f"--on-interrupt {on_interrupt!r}: allowed: drain, abandon")
+    set_ = _with_model(scenario, set_, model)
     if _is_llm(scenario):
         _live_llm(scenario, out, set_, on_interrupt, drain_timeout_s, max_wall_s, force)
         return
@@ -356,10 +446,12 @@ def compare_cmd(
         help="Refuse when the predicted wall time of all live runs exceeds this (seconds)."),
     ] = 600.0,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
 ) -> None:
     """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
     from executor.compare import compare, sweep
 
+    set_ = _with_model(scenario, set_, model)
     rhos: list[float] = []
     if sweep_:
         try:
@@ -565,18 +657,28 @@ def capacity_cmd(
     over: Annotated[str, typer.Option(help="The load knob to search.")] = "workload.rate_rps",
     seeds: Annotated[int, typer.Option(help="Replications per candidate.")] = 3,
     tol: Annotated[float, typer.Option(help="Relative width of the final bracket.")] = 0.02,
-    out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
-    workers: Annotated[int | None, typer.Option()] = None,
-    dask: Annotated[str | None, typer.Option()] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Directory for capacity.json and runs.parquet.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        help="Local processes per candidate (default: cores).")] = None,
+    dask: Annotated[str | None, typer.Option(
+        help="Dask scheduler address, e.g. tcp://10.0.0.5:8786.")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a base field, e.g. --set policy.max_batch_size=16 "
+        "(repeatable).")] = None,
 ) -> None:
     """The highest load at which SCENARIO holds the SLO (bracketing + bisection)."""
-    from sim.experiments.capacity import capacity
+    from sim.experiments.capacity import capacity, check_objectives
     from sim.metrics.rundir import write_json
 
     try:
-        result = capacity(sim_load(scenario, set_), slo, over=over, seeds=seeds,
-                          tol=tol, workers=workers, dask=dask)
+        base = sim_load(scenario, set_)
+        check_objectives(base, slo)  # a bad objective: one error line, before progress
+        console.print(f"[dim]searching {over} for {' '.join(slo)}: {seeds} runs per "
+                      "candidate; doubling or halving until bracketed, then bisecting[/]",
+                      soft_wrap=True)
+        result = capacity(base, slo, over=over, seeds=seeds, tol=tol, workers=workers,
+                          dask=dask, on_step=_step_printer())
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -591,19 +693,63 @@ def capacity_cmd(
         console.print(f"written: {out / 'capacity.json'}")
 
 
+def _step_printer() -> Callable[[Any], None]:
+    """A progress line per search candidate: its value, the verdict, and an honest ETA
+    (mean time per candidate so far × the candidates left, once the answer is bracketed).
+    """
+    import time
+
+    start = time.perf_counter()
+
+    def show(step: Any) -> None:
+        elapsed = time.perf_counter() - start
+        metrics = ", ".join(f"{k} {v:.4g}" for k, v in step.values.items())
+        if step.left is None:
+            todo = "bracketing"
+        elif step.left == 0:
+            todo = "done"
+        else:
+            todo = (f"at most {step.left} more, about "
+                    f"{elapsed / step.done * step.left:.0f} s left")
+        console.print(f"[dim]candidate {step.done}: {step.knob}={step.value:.4g} "
+                      f"{'met' if step.met else 'missed'} ({metrics}); {elapsed:.0f} s so "
+                      f"far, {todo}[/]", highlight=False, soft_wrap=True)
+
+    return show
+
+
 @app.command("replicas")
 def replicas_cmd(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML path or builtin:NAME.")],
-    target_rps: Annotated[float, typer.Option(help="The load to hold.")],
-    slo: Annotated[list[str], typer.Option(help="Objective KEY=VALUE (repeatable).")],
-    seeds: Annotated[int, typer.Option()] = 3,
-    set_: Annotated[list[str] | None, typer.Option("--set")] = None,
+    target_rps: Annotated[float, typer.Option(help="The load to hold (requests per second).")],
+    slo: Annotated[list[str], typer.Option(
+        help="Objective KEY=VALUE, as for capacity: p99_ms, error_rate, ... (repeatable; all "
+             "must hold).")],
+    seeds: Annotated[int, typer.Option(help="Replications per replica count.")] = 3,
+    max_replicas: Annotated[int, typer.Option(
+        min=1, help="Give up above this many replicas.")] = 256,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Directory for replicas.json and runs.parquet.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        help="Local processes per replica count (default: cores).")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a base field (repeatable).")] = None,
 ) -> None:
     """The fewest replicas that hold the SLO at TARGET_RPS, with cost per million requests."""
-    from sim.experiments.capacity import replicas_needed
+    from sim.experiments.capacity import check_objectives, replicas_needed
+    from sim.metrics.rundir import write_json
 
     try:
-        answer = replicas_needed(sim_load(scenario, set_), target_rps, slo, seeds=seeds)
+        base = sim_load(scenario, set_)
+        check_objectives(base, slo)  # a bad objective: one error line, before progress
+        if not target_rps > 0:
+            fail(f"--target-rps {target_rps:g}: must be > 0")
+        console.print(f"[dim]replica counts for {' '.join(slo)} at {target_rps:g} req/s: "
+                      f"{seeds} runs per count; doubling from 1 until it holds, then "
+                      "bisecting[/]", soft_wrap=True)
+        answer = replicas_needed(base, target_rps, slo, seeds=seeds,
+                                 max_replicas=max_replicas, workers=workers,
+                                 on_step=_step_printer())
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -613,6 +759,14 @@ def replicas_cmd(
                   f"{answer.get('latency_ms.p99', answer.get('e2e_ms.p99')):.1f} ms"
                   + (f", {cost:.2f} USD per million requests" if cost else "") + ")")
     console.print(f"tried: {answer['tried']}")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        runs = answer.pop("runs")
+        write_json(out / "replicas.json", answer)
+        runs.to_parquet(out / "runs.parquet", index=False)
+        console.print(f"written: {out / 'replicas.json'}")
+    else:
+        answer.pop("runs", None)
 
 
 @app.command("dashboard")

@@ -22,7 +22,7 @@ def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
         return llm_summary_table(summary, title)
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", no_wrap=True)  # numbers are never cut
     rows = [
         ("requests (in window)", summary["requests"]),
         ("ok / rejected / timed out / dropped / failed",
@@ -63,7 +63,10 @@ def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
         table.add_row("censored (unfinished when the run stopped)", _fmt(censored))
     stability = summary.get("stability") or {}
     if stability:
-        table.add_row("stability", f"{stability['verdict']} (offered/capacity "
+        from sim.metrics.stability import busy_at_low_load
+
+        word = "busy at low load" if busy_at_low_load(summary) else stability["verdict"]
+        table.add_row("stability", f"{word} (offered/capacity "
                       f"{_fmt(stability['rho_offered'])})")
     return table
 
@@ -72,7 +75,7 @@ def llm_summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
     """An LLM run: counts, request and token throughput, then TTFT/TPOT/ITL/E2E in ms."""
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", no_wrap=True)  # numbers are never cut
     rows: list[tuple[str, Any]] = [
         ("requests (in window)", summary["requests"]),
         ("ok / rejected / failed / in flight",

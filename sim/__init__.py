@@ -37,6 +37,8 @@ _LAZY = {
     "WorkloadError": "sim.scenario.workloads",
 }
 
+_SUBPACKAGES = frozenset({"llm", "experiments", "serving", "scenario", "metrics", "drivers"})
+
 if TYPE_CHECKING:
     from sim.drivers.simulate import run
     from sim.errors import InvariantError, PolicyError
@@ -52,6 +54,8 @@ def __getattr__(name: str) -> Any:
     """Load a public name from its module on first use."""
     module = _LAZY.get(name)
     if module is None:
+        if name in _SUBPACKAGES:  # ``import sim; sim.llm.run(...)`` as before the lazy names
+            return importlib.import_module(f"sim.{name}")
         raise AttributeError(f"module 'sim' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

@@ -80,3 +80,18 @@ def test_hardware_planning() -> None:
     assert t[("l40s", 1)] > t[("a100-80gb", 1)]
     for device in ("h100-sxm", "a100-80gb", "l40s"):
         assert t[(device, 2)] < 0.8 * t[(device, 1)]
+
+def test_an_example_runs_the_way_the_readme_says(tmp_path) -> None:
+    """The README runs examples with ``python -m examples.NAME`` from the clone's root."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what -m gives
+    done = subprocess.run([sys.executable, "-m", "examples.batch_size_tradeoff", "--quick"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "greedy batching" in done.stdout

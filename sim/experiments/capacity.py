@@ -9,7 +9,7 @@ the SLO, reported with its bracket and every run behind it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,37 @@ SLO_KEYS: dict[str, tuple[str, str]] = {
        for stat in ("mean", "p50", "p90", "p95", "p99")},
 }
 LATENCY_COLUMNS = ("latency_ms", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+@dataclass(frozen=True)
+class SearchStep:
+    """One candidate judged by :func:`capacity` or :func:`replicas_needed` (for progress).
+
+    Attributes:
+        knob: The knob searched (``workload.rate_rps``, ``replicas``).
+        value: The candidate's value.
+        met: Whether its replications held the SLO.
+        values: Their mean metrics, by SLO key.
+        done: Candidates judged so far.
+        left: Candidates still to judge at most (None while the answer is not yet bracketed).
+    """
+
+    knob: str
+    value: float
+    met: bool
+    values: dict[str, float]
+    done: int
+    left: int | None
+
+
+OnStep = Callable[[SearchStep], None]
+
+
+def bisections_left(lo: float, hi: float, tol: float) -> int:
+    """Geometric bisections until ``hi / lo - 1 <= tol`` (what :func:`capacity` still runs)."""
+    if lo <= 0 or hi / lo - 1 <= tol:
+        return 0
+    return max(0, math.ceil(math.log2(math.log(hi / lo) / math.log1p(tol))))
 
 
 def parse_slo(items: Sequence[str] | Mapping[str, float]) -> dict[str, float]:
@@ -141,6 +172,18 @@ class CapacityResult:
                 "evaluations": self.evaluations.to_dict(orient="records")}
 
 
+def check_objectives(scenario: Scenario | LlmScenario,
+                     slo: Mapping[str, float] | Sequence[str]) -> dict[str, float]:
+    """Parse ``slo`` and check that the scenario can judge it (before any run).
+
+    Raises:
+        ExperimentError: an unknown or impossible objective (named).
+    """
+    objectives = parse_slo(slo)
+    _check_goodput_slo(scenario, objectives)
+    return objectives
+
+
 def _check_goodput_slo(scenario: Scenario | LlmScenario,
                        objectives: Mapping[str, float]) -> None:
     if "goodput_frac" not in objectives:
@@ -170,8 +213,11 @@ def capacity(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
              slo: Mapping[str, float] | Sequence[str], *, over: str = "workload.rate_rps",
              seeds: int = 3, tol: float = 0.02, workers: int | None = None,
              dask: str | None = None, progress: Progress | None = None,
-             max_steps: int = 40) -> CapacityResult:
-    """The highest value of ``over`` at which the scenario holds ``slo``."""
+             max_steps: int = 40, on_step: OnStep | None = None) -> CapacityResult:
+    """The highest value of ``over`` at which the scenario holds ``slo``.
+
+    ``on_step`` is called after each candidate with a :class:`SearchStep` (progress).
+    """
     base = load_any(scenario)
     objectives = parse_slo(slo)
     _check_goodput_slo(base, objectives)
@@ -179,6 +225,7 @@ def capacity(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
     evaluations: list[dict[str, Any]] = []
     runs: list[pd.DataFrame] = []
     cache: dict[float, bool] = {}
+    bracket: list[float] = []  # [lo, hi] once the answer is bracketed
 
     def check(value: float) -> bool:
         if value in cache:
@@ -191,6 +238,12 @@ def capacity(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
         cache[value] = ok
         if progress:
             progress(len(evaluations), len(evaluations))
+        if on_step:
+            left = None
+            if bracket:  # bisecting: the candidate narrows the bracket
+                bracket[:] = [value, bracket[1]] if ok else [bracket[0], value]
+                left = bisections_left(bracket[0], bracket[1], tol)
+            on_step(SearchStep(over, value, ok, values, len(evaluations), left))
         return ok
 
     steps = 0
@@ -210,6 +263,7 @@ def capacity(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
             if steps > max_steps or lo < start * 1e-6:
                 return CapacityResult(over, 0.0, (0.0, hi), objectives,
                                       pd.DataFrame(evaluations), pd.concat(runs))
+    bracket[:] = [lo, hi]
     while hi / lo - 1 > tol and steps < max_steps:
         mid = math.sqrt(lo * hi)
         if check(mid):
@@ -225,27 +279,46 @@ def replicas_needed(scenario: Scenario | LlmScenario | dict[str, Any] | str | Pa
                     target_rps: float,
                     slo: Mapping[str, float] | Sequence[str], *, seeds: int = 3,
                     max_replicas: int = 256, workers: int | None = None,
-                    dask: str | None = None) -> dict[str, Any]:
-    """The fewest replicas that hold ``slo`` at ``target_rps``, with cost per million."""
+                    dask: str | None = None, on_step: OnStep | None = None,
+                    floor_gain: float = 0.05) -> dict[str, Any]:
+    """The fewest replicas that hold ``slo`` at ``target_rps``, with cost per million.
+
+    Counts double from 1 until the SLO holds, then bisect. When doubling the count lowers no
+    missed latency objective by ``floor_gain`` (both counts stable), more replicas cannot
+    help: the search stops with an error that names what sets the floor. ``on_step`` is
+    called after each count with a :class:`SearchStep` (progress).
+    """
     if not target_rps > 0:
         raise ExperimentError(f"--target-rps {target_rps}: must be > 0")
     base = load_any(scenario, {"workload.rate_rps": target_rps})
     objectives = parse_slo(slo)
     _check_goodput_slo(base, objectives)
     tried: dict[int, tuple[bool, pd.DataFrame]] = {}
+    bracket: list[int] = []
 
     def check(n: int) -> bool:
         rows = sweep(base, {"replicas": [n]}, seeds, workers=workers, dask=dask)
         raise_failed(rows, f"replicas={n}")
-        tried[n] = (meets(rows, objectives)[0], rows)
-        return tried[n][0]
+        ok, values = meets(rows, objectives)
+        tried[n] = (ok, rows)
+        if on_step:
+            left = None
+            if bracket:
+                bracket[:] = [bracket[0], n] if ok else [n, bracket[1]]
+                left = max(0, math.ceil(math.log2(bracket[1] - bracket[0]))) \
+                    if bracket[1] - bracket[0] > 1 else 0
+            on_step(SearchStep("replicas", n, ok, values, len(tried), left))
+        return ok
 
     lo, hi = 0, 1
     while not check(hi):
+        if lo:
+            _stop_at_floor(base, objectives, tried, lo, hi, floor_gain)
         lo, hi = hi, hi * 2
         if hi > max_replicas:
             raise ExperimentError(f"no replica count up to {max_replicas} holds the SLO at "
                                   f"{target_rps:g} req/s")
+    bracket[:] = [lo, hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if check(mid):
@@ -261,4 +334,39 @@ def replicas_needed(scenario: Scenario | LlmScenario | dict[str, Any] | str | Pa
             "met": ok, "throughput_rps": throughput,
             p99: float(rows[p99].mean()),
             "cost_per_million_usd": cost,
-            "tried": {str(n): bool(v[0]) for n, v in sorted(tried.items())}}
+            "tried": {str(n): bool(v[0]) for n, v in sorted(tried.items())},
+            "runs": pd.concat([v[1] for _, v in sorted(tried.items())], ignore_index=True)}
+
+
+def _stop_at_floor(base: Scenario | LlmScenario, objectives: Mapping[str, float],
+                   tried: Mapping[int, tuple[bool, pd.DataFrame]], lo: int, hi: int,
+                   floor_gain: float) -> None:
+    """Raise when going from ``lo`` to ``hi`` replicas (both stable, both missing the SLO)
+    lowered no missed latency objective by ``floor_gain``: replicas do not set the floor.
+
+    Raises:
+        ExperimentError: naming the objective, its value at both counts, and what sets it.
+    """
+    rows_lo, rows_hi = tried[lo][1], tried[hi][1]
+    if unstable_runs(rows_lo) or unstable_runs(rows_hi):
+        return
+    _, at_lo = meets(rows_lo, objectives)
+    _, at_hi = meets(rows_hi, objectives)
+    missed = [k for k, target in objectives.items()
+              if SLO_KEYS[k][0].startswith(LATENCY_COLUMNS) and at_hi.get(k, 0.0) > target]
+    if not missed or any(at_hi[k] < (1 - floor_gain) * at_lo[k] for k in missed):
+        return
+    key = missed[0]
+    parts = []
+    for label, column in (("queue wait", "queue_ms.p99"), ("service", "service_ms.p99")):
+        if column in rows_hi:
+            parts.append(f"{label} p99 {float(rows_hi[column].mean()):.1f} ms")
+    wait = getattr(getattr(base, "policy", None), "max_wait_ms", None)
+    if wait:
+        parts.append(f"policy.max_wait_ms {wait:g}")
+    raise ExperimentError(
+        f"--slo {key}={objectives[key]:g}: more replicas do not lower it ({at_lo[key]:.1f} at "
+        f"{lo}, {at_hi[key]:.1f} at {hi} replicas); the floor is set per request"
+        + (f" ({', '.join(parts)})" if parts else "")
+        + ": lower policy.max_wait_ms or the batch size, use a faster model or device, or "
+          "loosen the SLO")

@@ -34,6 +34,8 @@ from sim.metrics.folds import StepFold
 
 T_CRIT = 3.0
 SATURATED_RHO = 0.95
+LOW_LOAD_RHO = 0.75  # below this share of capacity a busy device is "busy at low load"
+FULL_BATCHES = 0.9  # ... unless its batches are this full (mean / max batch size)
 TREND_SEGMENTS = 10
 
 
@@ -152,11 +154,46 @@ def verdict(*, offered_rps: float, capacity: float, utilization: float, trend: T
             "reason": reason}
 
 
-def stability_warning(summary: dict[str, Any]) -> str | None:
-    """One warning line when the run is not stable (None when it is)."""
+def busy_at_low_load(summary: dict[str, Any]) -> bool:
+    """Whether a ``saturated`` verdict comes only from a busy device at low offered load
+    (below :data:`LOW_LOAD_RHO` of the capacity).
+
+    The verdict (kept as it is: the summary's fields are a contract) calls a run saturated
+    when the device is busy at least :data:`SATURATED_RHO` of the time. With small batches at
+    low load (greedy batching at 40% of capacity, say) the device is busy but far from its
+    limit: larger batches would serve the excess. That is not saturation, and the words
+    shown to people say so.
+    """
+    stability = summary.get("stability") or {}
+    rho = stability.get("rho_offered")
+    reason = str(stability.get("reason", ""))
+    fill = summary.get("batch_utilization")
+    if isinstance(fill, int | float) and fill >= FULL_BATCHES:
+        return False  # full batches on a busy device: that is the limit (the capacity
+        # estimate is off, e.g. a live device slower than its profile)
+    return (stability.get("verdict") == "saturated" and isinstance(rho, float)
+            and math.isfinite(rho) and rho < LOW_LOAD_RHO
+            and reason.startswith("at the limit") and "queue grew" not in reason)
+
+
+def stability_note(summary: dict[str, Any]) -> tuple[str, str] | None:
+    """What to tell a person about the run's stability: ``("warning", text)`` when it is
+    unstable or saturated, ``("note", text)`` when the device is busy at low load, None when
+    it is stable.
+    """
     stability = summary.get("stability") or {}
     if stability.get("verdict") in (None, "stable"):
         return None
+    if busy_at_low_load(summary):
+        rho = float(stability["rho_offered"])
+        util = float(summary.get("utilization") or math.nan)
+        mean_batch = summary.get("mean_batch_size")
+        batches = (f" with batches of {float(mean_batch):.2f} requests on average"
+                   if isinstance(mean_batch, int | float) else "")
+        return ("note", f"busy device at low load, not saturated: offered load is "
+                        f"{rho:.0%} of capacity, yet the device is busy {util:.0%} of the "
+                        f"time{batches}; fuller batches leave room for about {1 / rho:.1f}× "
+                        "this load")
     text = f"{stability['verdict']}: {stability['reason']}"
     if stability["verdict"] == "unstable":
         text += ("; latency percentiles describe this run's length, not a steady state, and "
@@ -164,4 +201,12 @@ def stability_warning(summary: dict[str, Any]) -> str | None:
     censored = int(summary.get("censored") or 0)
     if censored:
         text += f"; {censored} requests unfinished when the run stopped (censored)"
-    return text
+    return "warning", text
+
+
+def stability_warning(summary: dict[str, Any]) -> str | None:
+    """One line about the run's stability when it is not stable (None when it is): the
+    warning, or the note that a busy device at low load is not saturated.
+    """
+    note = stability_note(summary)
+    return None if note is None else note[1]

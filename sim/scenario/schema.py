@@ -95,6 +95,10 @@ class _Bounds(_Strict):
         if self.duration_s is None and self.n_requests is None and not isinstance(
                 self, TraceWorkloadCfg):
             raise ValueError("give duration_s or n_requests")
+        if self.duration_s is not None and self.n_requests is not None:
+            raise ValueError("workload: give duration_s or n_requests, not both (got "
+                             f"duration_s {self.duration_s:g} and n_requests "
+                             f"{self.n_requests}); --set one of them replaces the other")
         return self
 
 
@@ -579,7 +583,25 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any],
             node = child
         node[parts[-1]] = value
     _prune_switched_kinds(out, explicit, _UNIONS if unions is None else unions)
+    _replace_bound(out, explicit)
     return out
+
+
+BOUNDS = ("duration_s", "n_requests")
+
+
+def _replace_bound(data: dict[str, Any], explicit: set[str]) -> None:
+    """``--set workload.n_requests=N`` on a scenario bounded by ``duration_s`` replaces that
+    bound (and the other way round): a workload has one bound, and a scenario file that gives
+    both is refused. Setting both explicitly keeps both (and gets that error).
+    """
+    node = data.get("workload")
+    if not isinstance(node, dict):
+        return
+    for key, other in (BOUNDS, BOUNDS[::-1]):
+        if f"workload.{key}" in explicit and node.get(key) is not None \
+                and f"workload.{other}" not in explicit:
+            node.pop(other, None)
 
 
 def _prune_switched_kinds(data: dict[str, Any], explicit: set[str],

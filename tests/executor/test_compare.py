@@ -76,8 +76,8 @@ def test_probe_sizes_cover_what_the_policy_can_dispatch(tmp_path) -> None:
 
 def test_probe_measures_the_device_speed_against_the_profile(tmp_path) -> None:
     prof = load_profile(profile_file(tmp_path))
-    before = probe(slow_runner(1.3), prof, [1, 4], budget_s=0.3)
-    after = probe(slow_runner(1.3 * 1.1), prof, [1, 4], budget_s=0.3)
+    before = probe(slow_runner(1.3), prof, [1, 4], budget_s=2.0)
+    after = probe(slow_runner(1.3 * 1.1), prof, [1, 4], budget_s=2.0)
     for size in (1, 4):
         assert before.ratio_by_size[size] == pytest.approx(1.3, rel=0.03)
         assert before.reps[size] >= 8
@@ -273,10 +273,29 @@ def test_probe_remeasures_the_cold_effect_separately() -> None:
                               meta={"cold": {"idle_ms": 30, "after_ms": 10}, "threads": 1})
 
     stored, today = prof(6.0), prof(12.0)  # today the model is twice as slow after idling
-    measured = probe(ReplayRunner(today), stored, [1, 2], budget_s=0.6)
+    measured = probe(ReplayRunner(today), stored, [1, 2], budget_s=1.5)
     assert measured.scale == pytest.approx(1.0, rel=0.03)
     assert measured.cold_reps >= 8 and measured.cold_ratio == pytest.approx(2.0, rel=0.05)
     refreshed = measured.profile_for(stored)
     cold_ms = float(np.median(refreshed.cold_samples_s[1])) * 1e3
     assert cold_ms == pytest.approx(12.0 + measured.overhead_s * 1e3, rel=0.05)
     assert measured.to_dict()["cold"]["reps"] == measured.cold_reps
+
+
+def test_probe_keeps_to_its_budget_by_leaving_out_middle_sizes() -> None:
+    from executor.probe import sizes_within_budget
+
+    sizes = [1, 2, 3, 4, 5, 6, 7, 8]
+    prof = LatencyProfile(samples_s={b: np.full(20, 0.005 * b) for b in sizes},
+                          model={"name": "sleep"}, device={"kind": "cpu"},
+                          meta={"threads": 1})
+    # 8 reps + pilot of every size would take 13 × 5 ms × 36 = 2.3 s; the budget is 0.8 s
+    assert sizes_within_budget(sizes, lambda b: 13 * 0.005 * b, 0.8) == [1, 2, 8]
+    assert sizes_within_budget(sizes, lambda b: 13 * 0.005 * b, 0.1) == [8]  # the largest
+    budget_s = 1.5
+    result = probe(SleepRunner(lambda n: 0.005 * n), prof, sizes, budget_s=budget_s)
+    assert 8 in result.reps and len(result.reps) < len(sizes)
+    assert result.scale == pytest.approx(1.0, rel=0.05)
+    # the driver's start-up per size counts too (measured on the first size and planned
+    # for); every size at its minimum would need 2.3 s of batches alone
+    assert result.wall_s < 1.5 * budget_s < 2.3
