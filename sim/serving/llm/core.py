@@ -1,9 +1,21 @@
 """The LLM engine core: admission, one step at a time, token bookkeeping and the per-step checks.
 
-Drivers are clocks around :meth:`LlmCore.plan` and :meth:`LlmCore.complete`: the simulated
-clock (:func:`sim.drivers.llm_simulate.simulate`) advances by the step model's time, a live
-driver would by the wall clock. Arrivals that come during a step join between steps, as in an
-engine core.
+One loop, :meth:`LlmCore.step`, that both LLM drivers call, as both request-level drivers
+call :meth:`sim.serving.core.ServingCore.step`. A driver is only a clock: the simulated one
+(:func:`sim.drivers.llm_simulate.simulate`) advances by the step model's time, the live one
+(:class:`executor.llm_driver.LiveLlmEngine`) by the wall clock on a real decoder. Each call
+applies, in this fixed order:
+
+1. the steps that ended since the last call (by end time): tokens recorded, finished
+   requests freed; a step that raised fails its requests;
+2. the engines whose model finished loading (by time), each after the arrivals before it;
+3. the autoscaler's control periods that fell due (each after the arrivals before it), and
+   an arrival to an empty fleet;
+4. the arrivals up to now;
+5. every engine that runs and is not in a step plans its next one (an engine with work that
+   plans nothing and sets no timer is a scheduler bug).
+
+Arrivals that come during a step join between steps, as in an engine core.
 
 Records: per request arrival, first token, finish and status; every output token's time (in
 one flat array, request ``i``'s tokens at ``token_offset[i]:token_offset[i + 1]``); per step
@@ -13,7 +25,9 @@ its start, duration, composition and the KV and queue state.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,6 +61,45 @@ class StepLog:
     kv_blocks_used: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
+
+
+class StepStart(NamedTuple):
+    """A step to run now on ``replica``: what the scheduler planned and what it computes."""
+
+    replica: int
+    plan: StepPlan
+    comp: Composition
+
+
+class StepDone(NamedTuple):
+    """A step that ended: it ran on ``replica`` from ``start_s`` to ``end_s``; ``error``: it
+    raised (its requests fail with that reason).
+    """
+
+    replica: int
+    plan: StepPlan
+    comp: Composition
+    start_s: float
+    end_s: float
+    error: str | None = None
+
+
+class LlmActions(NamedTuple):
+    """What a driver does after :meth:`LlmCore.step`.
+
+    Attributes:
+        start: Steps to run now, one per engine at most, in replica order.
+        wake_s: Call :meth:`LlmCore.step` again at this time if no step ends and no engine
+            loads first (the next arrival, a scheduler's timer, the autoscaler's next control
+            period; inf: never).
+        launch: Engines to start (autoscaling): load the model, then report them ready.
+        stop: Engines that finished their work after being retired: free the model.
+    """
+
+    start: list[StepStart]
+    wake_s: float
+    launch: tuple[int, ...] = ()
+    stop: tuple[int, ...] = ()
 
 
 ROUTINGS = ("jsq", "round_robin")
@@ -101,9 +154,81 @@ class LlmCore:
         self.fleet = fleet
         self.launched: list[int] = []  # replicas launched since the driver last looked
         self.stopped: list[int] = []  # drained replicas stopped since then
+        self._in_step = [False] * len(self.schedulers)  # an engine the driver is running
+        self._wake_s = [math.inf] * len(self.schedulers)  # an idle engine's timer
         if fleet is not None and len(fleet.state) != len(self.schedulers):
             raise ValueError(f"fleet has {len(fleet.state)} slots for "
                              f"{len(self.schedulers)} schedulers")
+
+    # -- the loop both drivers call ----------------------------------------------------------
+    def step(self, now_s: float, finished: Sequence[StepDone] = (), *,
+             ready: Sequence[tuple[int, float]] = (), admit: bool = True,
+             plan: bool = True) -> LlmActions:
+        """Advance the core to ``now_s``; see the module docstring for the order.
+
+        Args:
+            now_s: The driver's time.
+            finished: Steps that ended since the last call (``end_s`` <= ``now_s``).
+            ready: Launched engines whose model finished loading since the last call, with
+                the time it finished (autoscaling).
+            admit: False: admit no more arrivals and consult no autoscaler (a live run that
+                was stopped).
+            plan: False: record what ended but start no step (a run that is being abandoned
+                or is past its drain deadline).
+
+        Returns:
+            The steps to start now, when to call again, and engines to launch or stop.
+
+        Raises:
+            StepInvariantError: a scheduler broke a limit, or has work but planned nothing
+                and set no timer.
+        """
+        for done in sorted(finished, key=lambda d: (d.end_s, d.replica)):
+            self._in_step[done.replica] = False
+            if done.error is None:
+                self.complete(done.plan, done.comp, done.start_s, done.end_s, done.replica)
+            else:
+                self.fail_step(done.plan, done.end_s, done.error, done.replica)
+        fleet = self.fleet
+        if fleet is not None:
+            for replica, ready_s in sorted(ready, key=lambda x: x[1]):
+                if admit:
+                    self.admit_until(ready_s)
+                self.ready(replica, ready_s)
+            if admit:
+                self.autoscale_until(now_s)
+        if admit:
+            self.admit_until(now_s)
+        launch, stop = tuple(self.launched), tuple(self.stopped)
+        self.launched.clear()
+        self.stopped.clear()
+        start: list[StepStart] = []
+        if plan:
+            for r in range(len(self.schedulers)):
+                if self._in_step[r] or not self.steps_on(r):
+                    continue
+                step_plan, comp = self.plan(now_s, r)
+                if comp is not None:
+                    self._in_step[r] = True
+                    self._wake_s[r] = math.inf
+                    start.append(StepStart(r, step_plan, comp))
+                    continue
+                wake_at_s = step_plan.wake_at_s
+                self._wake_s[r] = wake_at_s if wake_at_s is not None else math.inf
+                if wake_at_s is None and self.schedulers[r].has_work() \
+                        and not step_plan.preempted:
+                    raise StepInvariantError(f"{self.schedulers[r]!r} has work but planned "
+                                             "nothing and set no timer: it would never finish")
+        wake_s = min(self._wake_s)
+        if admit:
+            wake_s = min(wake_s, self.next_arrival_s())
+            if fleet is not None and self.ticking():
+                wake_s = min(wake_s, fleet.next_tick_s)
+        return LlmActions(start, wake_s, launch, stop)
+
+    def in_step(self, replica: int) -> bool:
+        """Whether the driver is running a step on ``replica`` (started, not yet ended)."""
+        return self._in_step[replica]
 
     # -- arrivals ----------------------------------------------------------------------------
     def next_arrival_s(self) -> float:
