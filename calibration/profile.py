@@ -17,16 +17,15 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sim.builtin import PROFILES, builtin_name, read_shipped, shipped
 from sim.errors import UserError
 
 SCHEMA_VERSION = 1
-BUILTIN_PREFIX = "builtin:"
 _LOG = logging.getLogger(__name__)
 
 
@@ -300,9 +299,7 @@ def builtin_profiles() -> list[str]:
     ``builtin:NAME``; LLM step profiles, ``llm-*``, are listed by
     :func:`calibration.step_profile.builtin_step_profiles`).
     """
-    folder = resources.files("calibration") / "profiles"
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir()
-                  if p.name.endswith(".json") and not p.name.startswith("llm-"))
+    return shipped(PROFILES, lambda name: not name.startswith("llm-"))
 
 
 def read_profile_json(ref: str | Path, names: list[str], what: str,
@@ -313,12 +310,10 @@ def read_profile_json(ref: str | Path, names: list[str], what: str,
         ``error``: naming ``service.path``: an unknown builtin, a missing file, or bad JSON.
     """
     text_ref = str(ref)
-    if text_ref.startswith(BUILTIN_PREFIX):
-        name = text_ref[len(BUILTIN_PREFIX):]
-        if name not in names:
-            raise error(f"service.path: unknown builtin {what} {name!r}; "
-                        f"available: {', '.join(names)}")
-        text = (resources.files("calibration") / "profiles" / f"{name}.json").read_text()
+    name = builtin_name(text_ref)
+    if name is not None:
+        text = read_shipped(PROFILES, name, names, lambda available: error(
+            f"service.path: unknown builtin {what} {name!r}; available: {available}"))
     else:
         path = Path(text_ref)
         if not path.is_file():

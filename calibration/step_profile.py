@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sim.builtin import PROFILES, shipped
 from sim.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -182,9 +182,7 @@ def fit_prefill_context(samples_s: dict[str, list[float]]) -> float:
 
 def builtin_step_profiles() -> list[str]:
     """Names of the shipped step profiles."""
-    folder = resources.files("calibration") / "profiles"
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir()
-                  if p.name.startswith("llm-") and p.name.endswith(".json"))
+    return shipped(PROFILES, lambda name: name.startswith("llm-"))
 
 
 def load_step_profile(ref: str | Path) -> StepProfile:

@@ -27,14 +27,14 @@ import sim.llm
 from calibration.llm_decoder import LlamaDecoder, StepEntry
 from calibration.step_profile import StepProfile, load_step_profile
 from executor.compare import FLEET_METRICS, compare_rows
+from executor.lifecycle import check_bounds, default_drain_s
 from executor.live_llm import (
     build_decoders,
-    check_llm_bounds,
     live_llm,
     llm_model_spec,
     resident_engines,
 )
-from sim.drivers.llm_simulate import build_llm_core, decoder_capacity, default_drain_s, horizon_s
+from sim.drivers.llm_simulate import build_llm_core, decoder_capacity, horizon_s
 from sim.errors import UserError
 from sim.experiments.llm_load import load_overrides, saturation_rps
 from sim.metrics.rundir import write_json
@@ -175,7 +175,8 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
     stored.write(out / "sim")
     core = build_llm_core(scn)
     if not force:
-        check_llm_bounds(stored, horizon_s(scn, core.arrival_s), max_wall_s, repeats)
+        check_bounds(stored.summary["stability"], float(stored.meta["end_s"]),
+                     horizon_s(scn, core.arrival_s), max_wall_s=max_wall_s, repeats=repeats)
     slots, max_len = decoder_capacity(scn, core)
     if decoders is None:
         decoders = build_decoders(llm_model_spec(scn), resident_engines(scn), slots, max_len)

@@ -192,14 +192,6 @@ def horizon_s(scenario: LlmScenario, arrival_s: np.ndarray) -> float:
     return window_horizon_s(scenario, float(arrival_s[-1]) if arrival_s.size else 0.0)
 
 
-def default_drain_s(scenario: LlmScenario) -> float:
-    """The default drain timeout of live LLM runs and their predictions: the window's
-    length (``duration_s`` − ``warmup_s``, at least 1 s), else 60 s.
-    """
-    duration = getattr(scenario.workload, "duration_s", None)
-    return max(float(duration) - scenario.warmup_s, 1.0) if duration else 60.0
-
-
 def decoder_capacity(scenario: LlmScenario, core: LlmCore) -> tuple[int, int]:
     """(KV-cache slots, tokens per slot) a live decoder needs for this scenario's requests:
     the scheduler's sequence limit and the longest prompt + output.

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from executor.lifecycle import LiveError
 from executor.live_llm import live_llm
-from executor.live_requests import LiveError
 
 TINY = {"shape": "small", "hidden": 64, "layers": 1, "heads": 2, "kv_heads": 1,
         "intermediate": 128, "vocab": 256, "max_slots": 16, "max_len": 512}
