@@ -29,9 +29,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from calibration.llm_decoder import LlamaDecoder, StepEntry
+from sim.scenario.step_time import StepModel
 from sim.serving.llm.core import LlmActions, LlmCore, StepDone
 from sim.serving.llm.schedulers import StepPlan
-from sim.serving.llm.step_model import Composition, StepModel
+from sim.serving.llm.step_model import Composition
 
 
 class SlotTable:

@@ -22,6 +22,7 @@ from sim.metrics.rundir import run_meta, write_json, write_table
 from sim.metrics.window import horizon_s as window_horizon_s
 from sim.scenario.build import WORKLOADS, Streams, _knobs, build_fleet
 from sim.scenario.llm import LlmScenario, load_llm_scenario
+from sim.scenario.step_time import LinearStepModel, ProfileStepModel, StepModel
 from sim.scenario.tokens import request_tokens
 from sim.scenario.workloads import ArrivalSchedule, OpenLoop
 from sim.serving.fleet import ColdStart
@@ -33,7 +34,6 @@ from sim.serving.llm.schedulers import (
     StaticScheduler,
     VllmScheduler,
 )
-from sim.serving.llm.step_model import LinearStepModel, ProfileStepModel, StepModel
 
 
 @dataclass

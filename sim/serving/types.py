@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 # Request status codes, stored as int8 in the records; names are what the tables show.
 QUEUED = 0
 OK = 1
@@ -169,3 +171,15 @@ class ServiceEstimate(Protocol):
         """Estimated service time in seconds."""
         ...
 
+
+_COUNT_CHUNK = 1 << 18  # rows per chunk (as sim.metrics.folds.CHUNK)
+
+
+def count_codes(codes: np.ndarray, n_codes: int) -> np.ndarray:
+    """How many of each code ``0 .. n_codes - 1`` (in chunks: ``np.bincount`` would copy
+    a whole column of small codes to 8 bytes each).
+    """
+    counts = np.zeros(n_codes, dtype=np.int64)
+    for a in range(0, codes.size, _COUNT_CHUNK):
+        counts += np.bincount(codes[a:a + _COUNT_CHUNK], minlength=n_codes)[:n_codes]
+    return counts
