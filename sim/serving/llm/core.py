@@ -35,6 +35,7 @@ from sim.serving.fleet import DRAINING, READY, STARTING, Fleet
 from sim.serving.llm.kv import Seq
 from sim.serving.llm.schedulers import LlmScheduler, StepPlan
 from sim.serving.llm.step_model import Composition, composition
+from sim.serving.routing import JoinShortestQueue, ReplicaLoad, RoundRobin, Router
 
 QUEUED, RUNNING, OK, REJECTED, FAILED, IN_FLIGHT = (
     "queued", "running", "ok", "rejected", "failed", "in_flight")
@@ -132,7 +133,7 @@ class LlmCore:
         if routing not in ROUTINGS:
             raise ValueError(f"routing {routing!r}: allowed: {', '.join(ROUTINGS)}")
         self.routing = routing
-        self._next_rr = 0
+        self.router: Router = RoundRobin() if routing == "round_robin" else JoinShortestQueue()
         self.scheduler = self.schedulers[0]
         self.limits = self.scheduler.limits
         self.replica = np.full(n, -1, dtype=np.int64)
@@ -236,22 +237,17 @@ class LlmCore:
         return float(self.arrival_s[self.admitted]) if self.admitted < self.arrival_s.size \
             else math.inf
 
-    def _route(self) -> int:
-        if self.fleet is not None:
-            slots = self._candidates()
-            if self.routing == "round_robin":
-                r = slots[self._next_rr % len(slots)]
-                self._next_rr += 1
-                return r
-            return min(slots, key=lambda k: (self._outstanding[k], k))
-        if len(self.schedulers) == 1:
+    def _route(self, now_s: float, request_id: int) -> int:
+        """The replica an arrival joins: the router of :mod:`sim.serving.routing` over the
+        candidate replicas (all, or an autoscaled fleet's), each loaded with the requests it
+        holds (waiting or running).
+        """
+        if self.fleet is None and len(self.schedulers) == 1:
             return 0
-        if self.routing == "round_robin":
-            r = self._next_rr
-            self._next_rr = (r + 1) % len(self.schedulers)
-            return r
-        loads = self._outstanding
-        return loads.index(min(loads))
+        slots = self._candidates() if self.fleet is not None else range(len(self.schedulers))
+        loads = [ReplicaLoad(i, self._outstanding[slot], 0, 0, 0.0)
+                 for i, slot in enumerate(slots)]
+        return slots[self.router.route(now_s, request_id, loads)]
 
     # -- autoscaling -------------------------------------------------------------------------
     def _candidates(self) -> list[int]:
@@ -324,7 +320,7 @@ class LlmCore:
             seq = Seq(i, float(self.arrival_s[i]), int(self.prompt_tokens[i]),
                       int(self.output_tokens[i]), int(self.priority[i]))
             self.admitted += 1
-            r = self._route()
+            r = self._route(seq.arrival_s, i)
             sched = self.schedulers[r]
             self.replica[i] = r
             why = sched.refuse(seq)
