@@ -34,6 +34,7 @@ from sim.serving.llm.schedulers import (
     StaticScheduler,
     VllmScheduler,
 )
+from sim.serving.types import status_labels
 
 
 @dataclass
@@ -211,7 +212,7 @@ def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.
         "arrival_s": core.arrival_s[:n],
         "prompt_tokens": core.prompt_tokens[:n], "output_tokens": core.output_tokens[:n],
         "first_token_s": core.first_token_s[:n], "finish_s": core.finish_s[:n],
-        "status": pd.Categorical(core.status[:n].astype(str)),
+        "status": pd.Categorical(status_labels(core.status[:n])),
         "reason": core.reason[:n].astype(str), "preemptions": core.preemptions[:n],
         "work_tokens": core.work_tokens[:n]})
     steps = pd.DataFrame({k: np.asarray(v) for k, v in vars(core.steps).items()})

@@ -32,6 +32,13 @@ STATUS_NAMES = {
 ERROR_CAUSES = ("rejected", "timed_out", "dropped", "failed")
 # the status column's categories, in code order (running requests show as in_flight)
 STATUS_CATEGORIES = ["in_flight", "ok", "rejected", "timed_out", "dropped", "failed"]
+_LABELS = np.array([STATUS_NAMES[code] for code in range(len(STATUS_NAMES))])
+
+
+def status_labels(codes: np.ndarray) -> np.ndarray:
+    """The names of status codes, as the tables show them (queued and running: in_flight)."""
+    labels: np.ndarray = _LABELS[codes]
+    return labels
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,9 +36,7 @@ from sim.serving.llm.kv import Seq
 from sim.serving.llm.schedulers import LlmScheduler, StepPlan
 from sim.serving.llm.step_model import Composition, composition
 from sim.serving.routing import JoinShortestQueue, ReplicaLoad, RoundRobin, Router
-
-QUEUED, RUNNING, OK, REJECTED, FAILED, IN_FLIGHT = (
-    "queued", "running", "ok", "rejected", "failed", "in_flight")
+from sim.serving.types import FAILED, OK, QUEUED, REJECTED, RUNNING, status_labels
 
 
 class StepInvariantError(RuntimeError):
@@ -139,7 +137,7 @@ class LlmCore:
         self.replica = np.full(n, -1, dtype=np.int64)
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
-        self.status = np.full(n, QUEUED, dtype=object)
+        self.status = np.full(n, QUEUED, dtype=np.int8)  # sim.serving.types codes
         self.reason = np.full(n, "", dtype=object)
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.work_tokens = np.zeros(n, dtype=np.int64)
@@ -429,7 +427,8 @@ class LlmCore:
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> dict[str, int]:
-        """Mark what is unfinished as in flight, check conservation, return status counts.
+        """Record what is unfinished (its status reads ``in_flight``), check conservation,
+        return status counts.
 
         Raises:
             StepInvariantError: a request lost or produced a token twice.
@@ -437,7 +436,6 @@ class LlmCore:
         for i in range(self.admitted):
             seq = self._seqs[i]
             if seq is not None and self.status[i] in (QUEUED, RUNNING):
-                self.status[i] = IN_FLIGHT
                 self.preemptions[i] = seq.preemptions
                 self.work_tokens[i] = seq.work
         ok = self.status[: self.admitted] == OK
@@ -450,6 +448,6 @@ class LlmCore:
             bad = int(np.flatnonzero(per_request[ok] != full[ok])[0])
             raise StepInvariantError(f"request {np.flatnonzero(ok)[bad]} finished with "
                                      f"{per_request[ok][bad]} of {full[ok][bad]} tokens")
-        statuses, counts = np.unique(self.status[: self.admitted].astype(str),
+        statuses, counts = np.unique(status_labels(self.status[: self.admitted]),
                                      return_counts=True)
         return {str(k): int(v) for k, v in zip(statuses, counts, strict=True)}
