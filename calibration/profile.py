@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,12 +169,8 @@ class LatencyProfile:
             if not (math.isfinite(ratio) and ratio > 0):
                 raise ProfileError(f"rescaled: ratio {ratio!r} at batch size {size} must be "
                                    "finite and > 0")
-        known = sorted(ratio_by_size)
-        log_sizes = np.log([float(b) for b in known])
-        ratios = np.array([ratio_by_size[b] for b in known], dtype=float)
-
         def ratio_at(size: int) -> float:
-            return float(np.interp(math.log(size), log_sizes, ratios))
+            return scale_at(ratio_by_size, size)
 
         meta = dict(self.meta)
         meta["rescaled"] = {**(note or {}), "add_s": add_s, "cold_ratio": cold_ratio,
@@ -292,6 +289,20 @@ class LatencyProfile:
                        load_samples_s=np.asarray(load_raw, dtype=float))
         except ProfileError as exc:
             raise ProfileError(f"{source}: {exc}") from None
+
+
+Scale = float | Mapping[int, float]
+"""A speed scale: one number, or one per size (batch size, step size) where it was measured."""
+
+
+def scale_at(scale: Scale, size: int) -> float:
+    """A speed scale at a step size: the number itself, or interpolated (in log size,
+    clamped at the ends) between the sizes a probe measured.
+    """
+    if not isinstance(scale, Mapping):
+        return float(scale)
+    keys = sorted(scale)
+    return float(np.interp(math.log(max(size, 1)), np.log(keys), [scale[k] for k in keys]))
 
 
 def builtin_profiles() -> list[str]:
