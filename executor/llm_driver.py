@@ -30,9 +30,10 @@ from typing import Any
 
 from calibration.llm_decoder import LlamaDecoder, StepEntry
 from sim.scenario.step_time import StepModel
-from sim.serving.llm.core import LlmActions, LlmCore, StepDone
+from sim.serving.llm.core import LlmCore
 from sim.serving.llm.schedulers import StepPlan
 from sim.serving.llm.step_model import Composition
+from sim.serving.llm.steps import LlmActions, StepDone
 
 
 class SlotTable:

@@ -26,7 +26,7 @@ from sim.scenario.step_time import LinearStepModel, ProfileStepModel, StepModel
 from sim.scenario.tokens import request_tokens
 from sim.scenario.workloads import ArrivalSchedule, OpenLoop
 from sim.serving.fleet import ColdStart
-from sim.serving.llm.core import LlmCore, StepDone
+from sim.serving.llm.core import LlmCore
 from sim.serving.llm.schedulers import (
     ContinuousScheduler,
     LlmScheduler,
@@ -34,6 +34,7 @@ from sim.serving.llm.schedulers import (
     StaticScheduler,
     VllmScheduler,
 )
+from sim.serving.llm.steps import StepDone
 from sim.serving.types import status_labels
 
 

@@ -464,8 +464,8 @@ def test_the_priority_policy_serves_level_0_first_and_preempts_the_lowest() -> N
 def test_the_core_step_refuses_a_scheduler_with_work_that_plans_nothing() -> None:
     from sim.drivers.llm_simulate import build_llm_core
     from sim.scenario.llm import load_llm_scenario
-    from sim.serving.llm.core import StepDone, StepInvariantError
     from sim.serving.llm.schedulers import StepPlan
+    from sim.serving.llm.steps import StepDone, StepInvariantError
 
     core = build_llm_core(load_llm_scenario(scenario()))
     t0 = float(core.arrival_s[0])
