@@ -1,10 +1,13 @@
-"""Calibration: the latency-profile format and (later) measurement of real models.
+"""Calibration: measuring real models (batch latencies, LLM step times, cold starts) and the
+profile formats the measurements are stored in (:mod:`calibration.profile`,
+:mod:`calibration.step_profile`).
 
 Only :mod:`calibration.profile` is imported eagerly; torch is imported lazily by the runners.
+The commands that drive a calibration live in :mod:`servelab.calibrate` and
+:mod:`servelab.calibrate_llm`.
 """
 
 from calibration.profile import (
-    BUILTIN_PREFIX,
     SCHEMA_VERSION,
     LatencyProfile,
     ProfileError,
@@ -14,7 +17,6 @@ from calibration.profile import (
 )
 
 __all__ = [
-    "BUILTIN_PREFIX",
     "SCHEMA_VERSION",
     "LatencyProfile",
     "ProfileError",

@@ -16,17 +16,17 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sim.builtin import PROFILES, builtin_name, read_shipped, shipped
 from sim.errors import UserError
 
 SCHEMA_VERSION = 1
-BUILTIN_PREFIX = "builtin:"
 _LOG = logging.getLogger(__name__)
 
 
@@ -169,12 +169,8 @@ class LatencyProfile:
             if not (math.isfinite(ratio) and ratio > 0):
                 raise ProfileError(f"rescaled: ratio {ratio!r} at batch size {size} must be "
                                    "finite and > 0")
-        known = sorted(ratio_by_size)
-        log_sizes = np.log([float(b) for b in known])
-        ratios = np.array([ratio_by_size[b] for b in known], dtype=float)
-
         def ratio_at(size: int) -> float:
-            return float(np.interp(math.log(size), log_sizes, ratios))
+            return scale_at(ratio_by_size, size)
 
         meta = dict(self.meta)
         meta["rescaled"] = {**(note or {}), "add_s": add_s, "cold_ratio": cold_ratio,
@@ -295,14 +291,26 @@ class LatencyProfile:
             raise ProfileError(f"{source}: {exc}") from None
 
 
+Scale = float | Mapping[int, float]
+"""A speed scale: one number, or one per size (batch size, step size) where it was measured."""
+
+
+def scale_at(scale: Scale, size: int) -> float:
+    """A speed scale at a step size: the number itself, or interpolated (in log size,
+    clamped at the ends) between the sizes a probe measured.
+    """
+    if not isinstance(scale, Mapping):
+        return float(scale)
+    keys = sorted(scale)
+    return float(np.interp(math.log(max(size, 1)), np.log(keys), [scale[k] for k in keys]))
+
+
 def builtin_profiles() -> list[str]:
     """Names of the request-level profiles shipped with servelab (usable as
     ``builtin:NAME``; LLM step profiles, ``llm-*``, are listed by
     :func:`calibration.step_profile.builtin_step_profiles`).
     """
-    folder = resources.files("calibration") / "profiles"
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir()
-                  if p.name.endswith(".json") and not p.name.startswith("llm-"))
+    return shipped(PROFILES, lambda name: not name.startswith("llm-"))
 
 
 def read_profile_json(ref: str | Path, names: list[str], what: str,
@@ -313,12 +321,10 @@ def read_profile_json(ref: str | Path, names: list[str], what: str,
         ``error``: naming ``service.path``: an unknown builtin, a missing file, or bad JSON.
     """
     text_ref = str(ref)
-    if text_ref.startswith(BUILTIN_PREFIX):
-        name = text_ref[len(BUILTIN_PREFIX):]
-        if name not in names:
-            raise error(f"service.path: unknown builtin {what} {name!r}; "
-                        f"available: {', '.join(names)}")
-        text = (resources.files("calibration") / "profiles" / f"{name}.json").read_text()
+    name = builtin_name(text_ref)
+    if name is not None:
+        text = read_shipped(PROFILES, name, names, lambda available: error(
+            f"service.path: unknown builtin {what} {name!r}; available: {available}"))
     else:
         path = Path(text_ref)
         if not path.is_file():

@@ -11,13 +11,15 @@ the grid. This module has no torch import: the simulator loads profiles without 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from calibration.profile import Scale, scale_at
+from sim.builtin import PROFILES, shipped
 from sim.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -139,6 +141,35 @@ class StepProfile:
                 "fit": self.fit, "meta": self.meta,
                 "prefill_context_s": self.prefill_context_s}
 
+    def rescaled(self, prefill_scale: Scale, decode_scale: Scale) -> StepProfile:
+        """The profile with each grid point's samples scaled by its prefill share (from the fitted
+        linear model) times the prefill scale plus the rest times the decode scale.
+
+        A scale is one number, or a mapping from step size (prefill tokens; decoding sequences)
+        to the scale measured there: the device's drift need not touch a one-sequence decode and
+        a sixteen-sequence one alike (on this CPU they differ by up to 25%).
+        """
+        fit = self.fit
+        samples = {}
+        for key, values in self.samples_s.items():
+            p, d, ctx = (int(v) for v in key.split(","))
+            prefill = fit["b_ms_per_prefill_token"] * p
+            total = fit["a_ms"] + prefill + fit["c_ms_per_decode_seq"] * d \
+                + fit["d_ms_per_kv_token"] * d * ctx
+            share = min(max(prefill / total, 0.0), 1.0) if total > 0 else 0.0
+            factor = share * scale_at(prefill_scale, p) + (1 - share) * scale_at(decode_scale, d)
+            samples[key] = [v * factor for v in values]
+
+        def plain(scale: Scale) -> Any:
+            return {str(k): v for k, v in scale.items()} if isinstance(scale, Mapping) else scale
+
+        meta = {**self.meta, "rescaled": {"prefill_scale": plain(prefill_scale),
+                                          "decode_scale": plain(decode_scale)}}
+        context = {k: [v * scale_at(prefill_scale, int(k.split(",")[0])) for v in values]
+                   for k, values in self.prefill_context_s.items()}
+        return StepProfile(self.prefill_tokens, self.decode_seqs, self.context_tokens,
+                           samples, meta=meta, prefill_context_s=context)
+
     def save(self, path: str | Path) -> Path:
         """Write the profile as JSON."""
         out = Path(path)
@@ -182,9 +213,7 @@ def fit_prefill_context(samples_s: dict[str, list[float]]) -> float:
 
 def builtin_step_profiles() -> list[str]:
     """Names of the shipped step profiles."""
-    folder = resources.files("calibration") / "profiles"
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir()
-                  if p.name.startswith("llm-") and p.name.endswith(".json"))
+    return shipped(PROFILES, lambda name: name.startswith("llm-"))
 
 
 def load_step_profile(ref: str | Path) -> StepProfile:

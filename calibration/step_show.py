@@ -9,8 +9,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from calibration.profile import BUILTIN_PREFIX
 from calibration.step_profile import StepProfile, builtin_step_profiles, load_step_profile
+from sim.builtin import BUILTIN_PREFIX
 
 
 def is_step_profile(ref: str) -> bool:

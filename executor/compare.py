@@ -24,7 +24,6 @@ from calibration.model_runners import ModelRunner
 from calibration.profile import LatencyProfile
 from executor.live_requests import (
     check_live_bounds,
-    default_drain_timeout_s,
     default_runners,
     live,
     replica_loader,
@@ -34,6 +33,7 @@ from executor.probe import PROBE_MODES, drift, pooled_scale, probe, probe_sizes
 from sim.errors import UserError
 from sim.metrics.rundir import Result, write_json
 from sim.metrics.stability import stability_warning
+from sim.metrics.window import default_drain_s
 from sim.scenario.schema import Scenario, load_scenario
 
 METRICS: list[tuple[str, str]] = [
@@ -186,7 +186,7 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
-    drain_s = default_drain_timeout_s(scn) if drain_timeout_s is None else drain_timeout_s
+    drain_s = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
     say("simulating")
     started_s = time.perf_counter()
     first = sim.run(scn, drain_timeout_s=drain_s)

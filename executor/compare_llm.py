@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,14 +27,14 @@ import sim.llm
 from calibration.llm_decoder import LlamaDecoder, StepEntry
 from calibration.step_profile import StepProfile, load_step_profile
 from executor.compare import FLEET_METRICS, compare_rows
+from executor.lifecycle import check_bounds, default_drain_s
 from executor.live_llm import (
     build_decoders,
-    check_llm_bounds,
     live_llm,
     llm_model_spec,
     resident_engines,
 )
-from sim.drivers.llm_simulate import build_llm_core, decoder_capacity, default_drain_s, horizon_s
+from sim.drivers.llm_simulate import build_llm_core, decoder_capacity, horizon_s
 from sim.errors import UserError
 from sim.experiments.llm_load import load_overrides, saturation_rps
 from sim.metrics.rundir import write_json
@@ -100,49 +100,6 @@ def _by_size(rows: list[dict[str, Any]], group: str, size: str) -> dict[int, flo
                                 if r["group"] == group and int(r[size]) == n])) for n in sizes}
 
 
-Scale = float | Mapping[int, float]
-
-
-def scale_at(scale: Scale, size: int) -> float:
-    """A speed scale at a step size: the number itself, or interpolated (in log size,
-    clamped at the ends) between the sizes a probe measured.
-    """
-    if not isinstance(scale, Mapping):
-        return float(scale)
-    keys = sorted(scale)
-    return float(np.interp(math.log(max(size, 1)), np.log(keys), [scale[k] for k in keys]))
-
-
-def rescaled(profile: StepProfile, prefill_scale: Scale, decode_scale: Scale) -> StepProfile:
-    """The profile with each grid point's samples scaled by its prefill share (from the fitted
-    linear model) times the prefill scale plus the rest times the decode scale.
-
-    A scale is one number, or a mapping from step size (prefill tokens; decoding sequences)
-    to the scale measured there: the device's drift need not touch a one-sequence decode and
-    a sixteen-sequence one alike (on this CPU they differ by up to 25%).
-    """
-    fit = profile.fit
-    samples = {}
-    for key, values in profile.samples_s.items():
-        p, d, ctx = (int(v) for v in key.split(","))
-        prefill = fit["b_ms_per_prefill_token"] * p
-        total = fit["a_ms"] + prefill + fit["c_ms_per_decode_seq"] * d \
-            + fit["d_ms_per_kv_token"] * d * ctx
-        share = min(max(prefill / total, 0.0), 1.0) if total > 0 else 0.0
-        factor = share * scale_at(prefill_scale, p) + (1 - share) * scale_at(decode_scale, d)
-        samples[key] = [v * factor for v in values]
-
-    def plain(scale: Scale) -> Any:
-        return {str(k): v for k, v in scale.items()} if isinstance(scale, Mapping) else scale
-
-    meta = {**profile.meta, "rescaled": {"prefill_scale": plain(prefill_scale),
-                                         "decode_scale": plain(decode_scale)}}
-    context = {k: [v * scale_at(prefill_scale, int(k.split(",")[0])) for v in values]
-               for k, values in profile.prefill_context_s.items()}
-    return StepProfile(profile.prefill_tokens, profile.decode_seqs, profile.context_tokens,
-                       samples, meta=meta, prefill_context_s=context)
-
-
 def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str | Path, *,
                 repeats: int = 3, overrides: list[str] | dict[str, Any] | None = None,
                 probe_mode: str = "full", drain_timeout_s: float | None = None,
@@ -175,7 +132,8 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
     stored.write(out / "sim")
     core = build_llm_core(scn)
     if not force:
-        check_llm_bounds(stored, horizon_s(scn, core.arrival_s), max_wall_s, repeats)
+        check_bounds(stored.summary["stability"], float(stored.meta["end_s"]),
+                     horizon_s(scn, core.arrival_s), max_wall_s=max_wall_s, repeats=repeats)
     slots, max_len = decoder_capacity(scn, core)
     if decoders is None:
         decoders = build_decoders(llm_model_spec(scn), resident_engines(scn), slots, max_len)
@@ -202,7 +160,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
             probe = {"before": before, "after": after, **scales, **by_size,
                      "drift": max(abs(after[k] / before[k] - 1) for k in scales)}
             write_json(run_dir / "probe.json", probe)
-            probed = rescaled(stored_profile, by_size["prefill_scale_by_tokens"],
+            probed = stored_profile.rescaled(by_size["prefill_scale_by_tokens"],
                               by_size["decode_scale_by_seqs"])
             path = probed.save(run_dir / "probed-profile.json")
             predicted = sim.llm.run(scn, {"service.path": str(path)},
@@ -260,7 +218,7 @@ def sweep_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str 
     rate_scn, capacity = scn, capacity_stored
     if probe_mode == "full":
         measured = probe_llm(decoders[0], stored_profile)
-        path = rescaled(stored_profile, measured["prefill_scale_by_tokens"],
+        path = stored_profile.rescaled(measured["prefill_scale_by_tokens"],
                         measured["decode_scale_by_seqs"]).save(out / "rate-probe-profile.json")
         rate_scn = load_llm_scenario(scn, {"service.path": str(path)})
         capacity = saturation_rps(rate_scn)

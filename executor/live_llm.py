@@ -9,22 +9,18 @@ from step times and the engine's overheads.
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from calibration.step_profile import load_step_profile
-from executor.live_requests import LiveError
+from executor.lifecycle import LiveError, check_bounds, default_drain_s, run_stoppable
 from executor.llm_driver import LiveLlmEngine, decoder_for
 from sim.drivers.llm_simulate import (
     LlmResult,
     build_llm_core,
     decoder_capacity,
-    default_drain_s,
     horizon_s,
     llm_fleet_tables,
     tables,
@@ -68,33 +64,6 @@ def resident_engines(scenario: LlmScenario) -> int:
     """
     fleet = build_llm_core(scenario).fleet
     return scenario.replicas if fleet is None else fleet.count(READY)
-
-
-def check_llm_bounds(prediction: LlmResult, horizon: float, max_wall_s: float,
-                     repeats: int = 1) -> float:
-    """Refuse live LLM runs the simulator predicts unstable or, ``repeats`` of them
-    together, longer than ``max_wall_s``.
-
-    Returns:
-        The predicted wall time (s) of all the runs.
-
-    Raises:
-        LiveError: one line with the estimate and the way out.
-    """
-    stability = prediction.summary["stability"]
-    end_s = float(prediction.meta["end_s"])
-    estimate = repeats * end_s
-    parts = f"horizon {horizon:,.0f} s + predicted drain {max(end_s - horizon, 0):,.0f} s"
-    detail = (f"about {estimate:,.0f} s of wall time ("
-              + (f"{repeats} runs × ({parts})" if repeats > 1 else parts) + ")")
-    if stability["verdict"] == "unstable":
-        raise LiveError(f"refusing to run live: the simulator predicts an unstable run "
-                        f"({stability['reason']}); {detail}. Lower the load, or pass --force "
-                        "(the run then stops draining after --drain-timeout-s)")
-    if estimate > max_wall_s:
-        raise LiveError(f"refusing to run live: {detail} exceeds --max-wall-s {max_wall_s:g}. "
-                        "Shorten the workload, raise --max-wall-s, or pass --force")
-    return estimate
 
 
 def build_decoders(spec: dict[str, Any], replicas: int, slots: int,
@@ -175,7 +144,9 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     if drain <= 0:
         raise LiveError(f"--drain-timeout-s {drain:g}: must be > 0")
     if not force:
-        check_llm_bounds(sim_run(scn, drain_timeout_s=drain), horizon, max_wall_s)
+        predicted = sim_run(scn, drain_timeout_s=drain)
+        check_bounds(predicted.summary["stability"], float(predicted.meta["end_s"]), horizon,
+                     max_wall_s=max_wall_s)
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     slots, max_len = decoder_capacity(scn, core)
@@ -214,17 +185,8 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
                            loader=loader if core.fleet is not None else None)
     if on_engine is not None:
         on_engine(engine)
-    previous = None
-    if handle_sigint and threading.current_thread() is threading.main_thread():
-        def _on_sigint(signum: int, frame: FrameType | None) -> None:
-            engine.stop(stop_mode)
-        previous = signal.signal(signal.SIGINT, _on_sigint)
     t0 = time.perf_counter()
-    try:
-        end_s = engine.run()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    end_s = run_stoppable(engine, engine.run, handle_sigint=handle_sigint, stop_mode=stop_mode)
     counts = core.close()
     requests, steps, tokens, queue = tables(core)
     window_end = horizon if engine.stopped_at_s is None else min(horizon, engine.stopped_at_s)

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from calibration.cold_start import load_replica
 from calibration.model_runners import ModelRunner, build_runner
 from calibration.profile import LatencyProfile, load_profile
+from executor.lifecycle import LiveError, check_bounds, default_drain_s, run_stoppable
 from executor.request_driver import ReplicaLoader
-from sim.errors import UserError
 from sim.metrics.rundir import Result, fleet_tables, run_meta
 from sim.metrics.window import planned_horizon_s, window_for
 from sim.scenario.build import Streams, build_core, build_fleet, build_service
@@ -31,10 +28,6 @@ from sim.scenario.schema import Scenario, load_scenario
 from sim.serving.fleet import READY
 
 LOG = logging.getLogger(__name__)
-
-class LiveError(UserError):
-    """The scenario cannot be run live as given (no model to run, mismatched settings)."""
-
 
 def scenario_profile(scenario: Scenario) -> LatencyProfile | None:
     """The scenario's latency profile, if its service times come from one."""
@@ -133,50 +126,18 @@ def mismatch_warnings(scenario: Scenario, runners: Sequence[ModelRunner]) -> lis
     return notes
 
 
-def default_drain_timeout_s(scenario: Scenario) -> float:
-    """The default drain timeout: the window's length (``duration_s`` − ``warmup_s``), or
-    the whole run for workloads bounded by a request count.
-    """
-    duration = getattr(scenario.workload, "duration_s", None)
-    if duration is not None:
-        return max(float(duration) - scenario.warmup_s, 1.0)
-    return math.inf
-
-
 def check_live_bounds(prediction: Result, *, max_wall_s: float, repeats: int = 1,
                       extra_s_per_run: float = 0.0) -> float:
-    """Refuse a live run that the simulator predicts unstable or too long.
-
-    Args:
-        prediction: The simulated run of the same scenario, with the same drain timeout.
-        max_wall_s: The most wall time allowed for all the live runs together.
-        repeats: How many live runs will follow.
-        extra_s_per_run: Extra wall time per run (probes).
-
-    Returns:
-        The estimated wall time (s): repeats × (horizon + predicted drain + extra).
-
-    Raises:
-        LiveError: one line with the estimate and the way out.
+    """:func:`executor.lifecycle.check_bounds` of a request-level prediction (its horizon:
+    the end less the drain it recorded).
     """
-    stability = prediction.summary["stability"]
     end_s = float(prediction.meta["end_s"])
-    horizon = end_s - float(prediction.meta.get("drain_s", 0.0))
-    estimate = repeats * (end_s + extra_s_per_run)
-    parts = (f"horizon {horizon:,.0f} s + predicted drain {end_s - horizon:,.0f} s"
-             + (f" + probes {extra_s_per_run:.0f} s" if extra_s_per_run else ""))
-    detail = (f"about {estimate:,.0f} s of wall time ("
-              + (f"{repeats} runs × ({parts})" if repeats > 1 else parts) + ")")
-    if stability["verdict"] == "unstable":
-        raise LiveError(f"refusing to run live: the simulator predicts an unstable run "
-                        f"({stability['reason']}); {detail}. Lower workload.rate_rps, bound "
-                        "the queue (queue.max_len, queue.timeout_ms), or pass --force (the run "
-                        "then stops draining after --drain-timeout-s)")
-    if estimate > max_wall_s:
-        raise LiveError(f"refusing to run live: {detail} exceeds --max-wall-s "
-                        f"{max_wall_s:g}. Shorten workload.duration_s, raise --max-wall-s, or "
-                        "pass --force")
-    return estimate
+    return check_bounds(prediction.summary["stability"], end_s,
+                        end_s - float(prediction.meta.get("drain_s", 0.0)),
+                        max_wall_s=max_wall_s, repeats=repeats,
+                        extra_s_per_run=extra_s_per_run,
+                        lower="Lower workload.rate_rps, bound the queue (queue.max_len, "
+                              "queue.timeout_ms)", shorten="workload.duration_s")
 
 
 def live(scenario: Scenario | dict[str, Any] | str | Path,
@@ -212,7 +173,7 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     from executor.request_driver import LiveDriver
 
     scn = load_scenario(scenario, overrides)
-    drain_s = default_drain_timeout_s(scn) if drain_timeout_s is None else drain_timeout_s
+    drain_s = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
     if drain_s <= 0:
         raise LiveError(f"--drain-timeout-s {drain_s:g}: must be > 0")
     if not force:  # the bounds check predicts the run first: only then is simpy loaded
@@ -249,17 +210,8 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
                         drain_until_s=planned_horizon_s(scn, core) + drain_s, loader=loader)
     if on_driver is not None:
         on_driver(driver)
-    previous = None
-    if handle_sigint and threading.current_thread() is threading.main_thread():
-        def _on_sigint(signum: int, frame: FrameType | None) -> None:
-            driver.stop(stop_mode)
-        previous = signal.signal(signal.SIGINT, _on_sigint)
     t0 = time.perf_counter()
-    try:
-        end_s = driver.run()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    end_s = run_stoppable(driver, driver.run, handle_sigint=handle_sigint, stop_mode=stop_mode)
     counts = core.check_invariants()
     requests = core.table.to_frame(core.source.admitted)
     batches = core.batches.to_frame()

@@ -1,13 +1,15 @@
 """The live LLM engine: the simulator's LLM core and scheduler objects, the wall clock, and a
 real decoder (:class:`calibration.llm_decoder.LlamaDecoder`, the one calibration measures).
 
-Like the simulated clock (:func:`sim.drivers.llm_simulate.simulate`) it only keeps time: it
-admits the arrivals due by now, asks the core for a replica's plan, executes that plan's
-prefill chunks and decodes as one step on the decoder (each sequence in its own KV-cache
-slot, from its ``computed`` position), and hands the step back with its measured start and
-end. Token times therefore go into the same records and metrics code as the simulator's.
-Outputs are forced to each request's length: the sampled token is ignored (greedy), as
-``--ignore-eos`` does.
+Like the simulated clock (:func:`sim.drivers.llm_simulate.simulate`) it only keeps time: the
+driving thread calls :meth:`sim.serving.llm.core.LlmCore.step` with the steps that ended and
+the engines that finished loading, and hands each step it returns to that engine's worker
+thread, which executes the plan's prefill chunks and decodes as one step on the decoder (each
+sequence in its own KV-cache slot, from its ``computed`` position) and reports the step back
+with its measured start and end. The core is touched by the driving thread only, so the two
+drivers apply events in the same order. Token times go into the same records and metrics
+code as the simulator's. Outputs are forced to each request's length: the sampled token is
+ignored (greedy), as ``--ignore-eos`` does.
 
 Sequences join a free slot when first scheduled and leave it when they finish, fail or are
 preempted (a preempted sequence recomputes from position 0 when scheduled again, in whatever
@@ -20,15 +22,18 @@ flight (censored).
 from __future__ import annotations
 
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from calibration.llm_decoder import LlamaDecoder, StepEntry
+from sim.scenario.step_time import StepModel
 from sim.serving.llm.core import LlmCore
 from sim.serving.llm.schedulers import StepPlan
-from sim.serving.llm.step_model import Composition, StepModel
+from sim.serving.llm.step_model import Composition
+from sim.serving.llm.steps import LlmActions, StepDone
 
 
 class SlotTable:
@@ -95,8 +100,9 @@ class LiveLlmEngine:
         self.slots = [SlotTable(d.cfg.max_slots) if d is not None else SlotTable(0)
                       for d in decoders]
         self._loading: dict[int, threading.Thread] = {}
-        self._loaded: list[tuple[int, Any, float, float]] = []  # replica, decoder, t0, t1
-        self._lock = threading.Lock()
+        self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()  # to the driving thread
+        self._busy: list[bool] = []
+        self._inboxes: list[queue.Queue[Any]] = []
         self.cold_starts_s: list[dict[str, float]] = []
         self.fatal_error: str | None = None
         self.drain_until_s = drain_until_s
@@ -113,6 +119,7 @@ class LiveLlmEngine:
             raise ValueError(f"stop mode {mode!r}: allowed: drain, abandon")
         self._mode = mode
         self._stop.set()
+        self._events.put(("stop",))  # wake the driving thread now
 
     def now_s(self) -> float:
         """Seconds since the run started."""
@@ -161,141 +168,119 @@ class LiveLlmEngine:
                                     f"{type(exc).__name__}: {exc}").splitlines()[0][:300]
                 self.stop("abandon")
                 return
-            with self._lock:
-                self._loaded.append((replica, decoder, t0, self.now_s()))
+            self._events.put(("loaded", replica, decoder, t0, self.now_s()))
 
         thread = threading.Thread(target=load, name=f"load-engine-{replica}", daemon=True)
         self._loading[replica] = thread
         thread.start()
 
-    def _fleet(self, now: float) -> None:
-        """Engines loaded since the last look become ready; control periods that fell due
-        and an arrival to an empty fleet consult the autoscaler; launches start loading and
-        stopped engines let their decoder go.
-        """
-        core = self.core
-        fleet = core.fleet
-        assert fleet is not None
-        with self._lock:
-            loaded, self._loaded = self._loaded, []
-        for replica, decoder, t0, t1 in sorted(loaded, key=lambda x: x[3]):
-            self._loading.pop(replica, None)
-            self.decoders[replica] = decoder
-            self.slots[replica] = SlotTable(decoder.cfg.max_slots)
-            core.admit_until(t1)
-            core.ready(replica, t1)
-            self.cold_starts_s.append({"replica": replica, "total_s": t1 - t0})
-        if self.stopped_at_s is None:
-            core.autoscale_until(now)
-        for replica in core.launched:
-            self._launch(replica)
-        core.launched.clear()
-        for replica in core.stopped:
-            self.decoders[replica] = None  # the model is released with its last reference
-        core.stopped.clear()
-
+    # -- the clock ---------------------------------------------------------------------------
     def run(self) -> float:
         """Run until every admitted request is done (or stopped, or past the drain deadline);
         return the end time (s since the start).
 
         Each engine steps on its own worker thread, as independent engines do (torch
-        releases the GIL); the calling thread admits arrivals at their times and runs the
-        autoscaler. The core is shared under one lock. At the deadline, or when abandoned,
-        steps still running are not recorded (censored, as in the simulator).
+        releases the GIL); the calling thread owns the core: it calls
+        :meth:`LlmCore.step` at arrivals, timers, control periods, ended steps and loaded
+        engines. At the deadline, or when abandoned, steps still running are not recorded
+        (censored, as in the simulator).
         """
-        core = self.core
-        n = len(core.schedulers)
+        n = len(self.core.schedulers)
         self.start_perf = time.perf_counter()
-        self._cond = threading.Condition()
         self._busy = [False] * n
-        self._done = False
-        workers = [threading.Thread(target=self._worker, args=(r,), name=f"engine-{r}",
-                                    daemon=True) for r in range(n)]
+        inboxes: list[queue.Queue[Any]] = [queue.Queue() for _ in range(n)]
+        self._inboxes = inboxes
+        workers = [threading.Thread(target=self._worker, args=(r, inboxes[r]),
+                                    name=f"engine-{r}", daemon=True) for r in range(n)]
         for w in workers:
             w.start()
         try:
             return self._drive()
         finally:
-            with self._cond:
-                self._done = True
-                self._cond.notify_all()
+            for inbox in inboxes:
+                inbox.put(None)
             for w in workers:
                 w.join(timeout=60)
 
     def _drive(self) -> float:
-        """The admitting thread: arrivals, the stop, the autoscaler, the end."""
-        core, cond = self.core, self._cond
+        """The driving thread: one :meth:`LlmCore.step` per event, the stop, the end."""
+        core = self.core
         deadline = self.drain_until_s
+        finished: list[StepDone] = []
+        ready: list[tuple[int, float]] = []
         while True:
-            with cond:
-                now = self.now_s()
-                if self._stop.is_set() and self.stopped_at_s is None:
-                    self.stopped_at_s = now
-                    core.admit_until(now)  # what was due by the stop still arrives
-                    if self._mode == "abandon":
-                        return now
-                if self.stopped_at_s is None:
-                    core.admit_until(now)
-                if core.fleet is not None:
-                    self._fleet(now)
-                if now >= deadline:
-                    self.drain_timed_out = any(s.has_work() for s in core.schedulers) or any(
-                        self._busy)
-                    return now
-                cond.notify_all()  # new arrivals, new engines: the workers look again
-                upcoming = core.next_arrival_s() if self.stopped_at_s is None else math.inf
-                wake = math.inf
-                fleet = core.fleet
-                if fleet is not None and self.stopped_at_s is None and core.ticking():
-                    wake = fleet.next_tick_s
-                loading = bool(self._loading)
-                working = any(self._busy) or any(
-                    s.has_work() for r, s in enumerate(core.schedulers) if core.steps_on(r))
-                if upcoming == math.inf and wake == math.inf and not loading and not working:
-                    return now  # nothing left to run or to wait for
-                nxt = min(upcoming, wake, deadline,
-                          now + 0.005 if loading else math.inf, now + 0.05)
-                pause = nxt - self.now_s()
-                if pause > 0:
-                    cond.wait(pause)  # a finished step or a stop wakes it early
+            now = self.now_s()
+            admit = self.stopped_at_s is None  # what was due by the stop still arrives
+            if self._stop.is_set() and self.stopped_at_s is None:
+                self.stopped_at_s = now
+            abandon = self.stopped_at_s is not None and self._mode == "abandon"
+            actions = core.step(now, finished, ready=ready, admit=admit,
+                                plan=now < deadline and not abandon)
+            self._apply(actions, finished)
+            finished, ready = [], []
+            if abandon:
+                return now
+            if now >= deadline:
+                self.drain_timed_out = any(s.has_work() for s in core.schedulers) or any(
+                    self._busy)
+                return now
+            working = any(self._busy) or any(
+                s.has_work() for r, s in enumerate(core.schedulers) if core.steps_on(r))
+            if actions.wake_s == math.inf and not self._loading and not working:
+                return now  # nothing left to run or to wait for
+            self._collect(min(actions.wake_s, deadline, now + 0.05), finished, ready)
 
-    def _worker(self, r: int) -> None:
-        """One engine: plan under the lock, run the step outside it, record under it."""
-        core, cond = self.core, self._cond
+    def _apply(self, actions: LlmActions, finished: list[StepDone]) -> None:
+        """Free the slots of what ended, start loads, free stopped engines, start steps."""
+        for done in finished:
+            table = self.slots[done.replica]
+            for seq, _ in done.plan.entries:
+                if done.error is not None or seq.emitted >= seq.output:
+                    table.release(seq.id)
+        for replica in actions.launch:
+            self._launch(replica)
+        for replica in actions.stop:
+            self.decoders[replica] = None  # the model is released with its last reference
+        for start in actions.start:
+            self._busy[start.replica] = True
+            self._inboxes[start.replica].put(start)
+
+    def _collect(self, until_s: float, finished: list[StepDone],
+                 ready: list[tuple[int, float]]) -> None:
+        """Wait until ``until_s`` or the first event (a step ended, an engine loaded, a
+        stop), then take every event that is there.
+        """
+        try:
+            event = self._events.get(timeout=max(until_s - self.now_s(), 0.0))
+        except queue.Empty:
+            return
         while True:
-            with cond:
-                while True:
-                    if self._done:
-                        return
-                    timeout = 0.05
-                    if core.steps_on(r) and self.decoders[r] is not None:
-                        now = self.now_s()
-                        plan, comp = core.plan(now, r)
-                        if comp is not None:
-                            self._busy[r] = True
-                            break
-                        if plan.wake_at_s is not None:
-                            timeout = max(min(plan.wake_at_s - now, 0.05), 0.0)
-                    cond.wait(timeout)
-            start, end, error = self._execute(r, plan, comp)
-            with cond:
-                self._busy[r] = False
-                if self._done:
-                    return  # stopped mid-step: not recorded (censored)
-                if error is None:
-                    core.complete(plan, comp, start, end, r)
-                    self._release_finished(r, plan)
-                else:
-                    self.step_errors.append(error)
-                    core.fail_step(plan, end, error, r)
-                    for seq, _ in plan.entries:
-                        self.slots[r].release(seq.id)
-                cond.notify_all()
+            if event[0] == "done":
+                done: StepDone = event[1]
+                self._busy[done.replica] = False
+                if done.error is not None:
+                    self.step_errors.append(done.error)
+                finished.append(done)
+            elif event[0] == "loaded":
+                _, replica, decoder, t0, t1 = event
+                self._loading.pop(replica, None)
+                self.decoders[replica] = decoder
+                self.slots[replica] = SlotTable(decoder.cfg.max_slots)
+                self.cold_starts_s.append({"replica": replica, "total_s": t1 - t0})
+                ready.append((replica, t1))
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return
 
-    def _release_finished(self, replica: int, plan: StepPlan) -> None:
-        for seq, _ in plan.entries:
-            if seq.emitted >= seq.output:
-                self.slots[replica].release(seq.id)
+    def _worker(self, r: int, inbox: queue.Queue[Any]) -> None:
+        """One engine: run each step it is given and report it back."""
+        while True:
+            start = inbox.get()
+            if start is None:
+                return
+            t0, t1, error = self._execute(r, start.plan, start.comp)
+            self._events.put(("done", StepDone(r, start.plan, start.comp, t0, t1, error)))
 
 
 def decoder_for(spec: dict[str, Any], max_slots: int, max_len: int) -> LlamaDecoder:

@@ -32,10 +32,11 @@ import pandas as pd
 from executor.endpoint import server_info
 from executor.endpoint.client import APIS, Job, OpenLoop, Outcome, payload
 from executor.endpoint.server_info import EndpointError
-from sim.drivers.llm_simulate import LlmResult, default_drain_s, horizon_s, llm_schedule
+from sim.drivers.llm_simulate import LlmResult, horizon_s, llm_schedule
 from sim.metrics.llm import summarize_llm
 from sim.metrics.rundir import run_meta
 from sim.metrics.summary import _stats_ms
+from sim.metrics.window import default_drain_s
 from sim.scenario.llm import load_llm_scenario
 
 LAG_FLAG_MS = 5.0

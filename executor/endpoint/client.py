@@ -334,5 +334,5 @@ class OpenLoop:
             remaining = end - time.perf_counter()
             if remaining <= 0:
                 return
-            await asyncio.wait([*tasks, stopper], timeout=remaining,
+            await asyncio.wait([*tasks, stopper], timeout=min(remaining, 60.0),  # inf: no cap
                                return_when=asyncio.FIRST_COMPLETED)

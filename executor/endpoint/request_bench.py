@@ -42,7 +42,7 @@ from executor.endpoint.request_client import (
 from executor.endpoint.server_info import EndpointError
 from sim.metrics.rundir import Result, run_meta
 from sim.metrics.summary import _stats_ms, summarize
-from sim.metrics.window import horizon_s, window_for
+from sim.metrics.window import default_drain_s, horizon_s, window_for
 from sim.scenario.build import arrival_schedule, build_service
 from sim.scenario.payload import PayloadCfg
 from sim.scenario.schema import Scenario, load_scenario
@@ -151,12 +151,6 @@ def _client_block(requests: pd.DataFrame, cpu_share: float) -> dict[str, Any]:
                                      and p99 > LAG_FLAG_MS),
             "send_lag_limit_ms": LAG_FLAG_MS, "cpu_share": cpu_share,
             "errors_by_cause": {str(c): int(v) for c, v in sorted(causes.items()) if v}}
-
-
-def default_drain_s(scn: Scenario) -> float:
-    """The drain ``live`` uses by default: the window's length, else 60 s."""
-    duration = getattr(scn.workload, "duration_s", None)
-    return max(float(duration) - scn.warmup_s, 1.0) if duration is not None else 60.0
 
 
 def bench_requests(scenario: Scenario | dict[str, Any] | str | Path, endpoint: str, *,

@@ -1,6 +1,6 @@
 """The SimPy driver: simulated time around :meth:`sim.serving.core.ServingCore.step`.
 
-Two kinds of SimPy event, each a plain ``Timeout`` with a callback (no process per request):
+Three kinds of SimPy event, each a plain ``Timeout`` with a callback (no process per request):
 
 * a *batch done* event per started batch, after a service time drawn from the model (from
   its cold samples when the replica had idled long enough, see :attr:`Batch.idle_s`);

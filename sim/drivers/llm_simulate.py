@@ -22,10 +22,11 @@ from sim.metrics.rundir import run_meta, write_json, write_table
 from sim.metrics.window import horizon_s as window_horizon_s
 from sim.scenario.build import WORKLOADS, Streams, _knobs, build_fleet
 from sim.scenario.llm import LlmScenario, load_llm_scenario
+from sim.scenario.step_time import LinearStepModel, ProfileStepModel, StepModel
 from sim.scenario.tokens import request_tokens
 from sim.scenario.workloads import ArrivalSchedule, OpenLoop
 from sim.serving.fleet import ColdStart
-from sim.serving.llm.core import LlmCore, StepInvariantError
+from sim.serving.llm.core import LlmCore
 from sim.serving.llm.schedulers import (
     ContinuousScheduler,
     LlmScheduler,
@@ -33,7 +34,8 @@ from sim.serving.llm.schedulers import (
     StaticScheduler,
     VllmScheduler,
 )
-from sim.serving.llm.step_model import LinearStepModel, ProfileStepModel, StepModel
+from sim.serving.llm.steps import StepDone
+from sim.serving.types import status_labels
 
 
 @dataclass
@@ -156,71 +158,44 @@ def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf,
     """Run the core's replicas on the step model until every request is done (or
     ``until_s``); return the end time.
 
-    Events in time order: steps ending (their tokens are recorded), engines becoming ready
-    after their cold start (autoscaling), the autoscaler's control periods, arrivals (routed
-    to a replica; one to an empty fleet consults the autoscaler at once), schedulers' timers.
-    After each, every engine that runs and is not in a step plans its next one.
+    The clock only: it calls :meth:`sim.serving.llm.core.LlmCore.step` (which applies steps
+    ending, engines becoming ready, control periods and arrivals in one fixed order and
+    plans the next steps), gives each started step the step model's time, draws each
+    launched engine's cold start, and moves to the next event.
     """
-    n = len(core.schedulers)
-    fleet = core.fleet
-    running: list[tuple[Any, Any, float, float] | None] = [None] * n
-    wake = [math.inf] * n
+    running: dict[int, StepDone] = {}
     ready_at: dict[int, float] = {}
+    finished: list[StepDone] = []
+    ready: list[tuple[int, float]] = []
     now = 0.0
     while True:
-        for r in range(n):
-            step = running[r]
-            if step is not None and step[3] <= now:
-                core.complete(step[0], step[1], step[2], step[3], r)
-                running[r] = None
-        if fleet is not None:
-            for r, at_s in sorted(ready_at.items(), key=lambda x: x[1]):
-                if at_s <= now:
-                    core.admit_until(at_s)
-                    core.ready(r, at_s)
-                    del ready_at[r]
-            core.autoscale_until(now)
-        core.admit_until(now)
-        if fleet is not None:
+        actions = core.step(now, finished, ready=ready)
+        if core.fleet is not None:
             assert cold_start is not None, "an autoscaled core needs a cold-start model"
-            for r in core.launched:
+            for r in actions.launch:
                 ready_at[r] = now + cold_start.sample_s()
-            core.launched.clear()
-            core.stopped.clear()
-        for r in range(n):
-            if running[r] is None and core.steps_on(r):
-                plan, comp = core.plan(now, r)
-                if comp is not None:
-                    running[r] = (plan, comp, now, now + model.step_s(comp))
-                    wake[r] = math.inf
-                    continue
-                wake[r] = plan.wake_at_s if plan.wake_at_s is not None else math.inf
-                if plan.wake_at_s is None and core.schedulers[r].has_work() \
-                        and not plan.preempted:
-                    raise StepInvariantError(f"{core.schedulers[r]!r} has work but planned "
-                                             "nothing and set no timer: it would never finish")
-        ends = [s[3] for s in running if s is not None]
-        nxt = min([core.next_arrival_s(), *wake, *ends, *ready_at.values()])
-        if fleet is not None and core.ticking():
-            nxt = min(nxt, fleet.next_tick_s)
+        for begun in actions.start:
+            running[begun.replica] = StepDone(begun.replica, begun.plan, begun.comp, now,
+                                              now + model.step_s(begun.comp))
+        ends = [done.end_s for done in running.values()]
+        nxt = min([actions.wake_s, *ends, *ready_at.values()])
         if nxt == math.inf:
             return now
         if nxt >= until_s:  # stop: steps still running are not recorded (censored)
             return max(now, until_s) if ends or core.next_arrival_s() < math.inf else now
         now = max(now, nxt)
+        finished = [done for done in running.values() if done.end_s <= now]
+        for done in finished:
+            del running[done.replica]
+        ready = [(r, at_s) for r, at_s in sorted(ready_at.items(), key=lambda x: x[1])
+                 if at_s <= now]
+        for r, _ in ready:
+            del ready_at[r]
 
 
 def horizon_s(scenario: LlmScenario, arrival_s: np.ndarray) -> float:
     """End of the measurement window (:func:`sim.metrics.window.horizon_s` of the last arrival)."""
     return window_horizon_s(scenario, float(arrival_s[-1]) if arrival_s.size else 0.0)
-
-
-def default_drain_s(scenario: LlmScenario) -> float:
-    """The default drain timeout of live LLM runs and their predictions: the window's
-    length (``duration_s`` − ``warmup_s``, at least 1 s), else 60 s.
-    """
-    duration = getattr(scenario.workload, "duration_s", None)
-    return max(float(duration) - scenario.warmup_s, 1.0) if duration else 60.0
 
 
 def decoder_capacity(scenario: LlmScenario, core: LlmCore) -> tuple[int, int]:
@@ -242,7 +217,7 @@ def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.
         "arrival_s": core.arrival_s[:n],
         "prompt_tokens": core.prompt_tokens[:n], "output_tokens": core.output_tokens[:n],
         "first_token_s": core.first_token_s[:n], "finish_s": core.finish_s[:n],
-        "status": pd.Categorical(core.status[:n].astype(str)),
+        "status": pd.Categorical(status_labels(core.status[:n])),
         "reason": core.reason[:n].astype(str), "preemptions": core.preemptions[:n],
         "work_tokens": core.work_tokens[:n]})
     steps = pd.DataFrame({k: np.asarray(v) for k, v in vars(core.steps).items()})

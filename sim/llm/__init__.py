@@ -19,7 +19,7 @@ from sim.drivers.llm_simulate import LlmResult, run
 from sim.metrics.rundir import Result
 from sim.scenario.llm import LlmScenario, is_llm_data, load_llm_scenario
 from sim.scenario.schema import Scenario, load_scenario, read_scenario_dict
-from sim.serving.llm.core import StepInvariantError
+from sim.serving.llm.steps import StepInvariantError
 
 
 def is_llm_source(source: Any) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.serving.types import STATUS_CATEGORIES
+from sim.serving.types import STATUS_CATEGORIES, count_codes
 
 SAMPLE_KINDS = ("latency", "wait", "service")
 
@@ -508,16 +508,6 @@ class QueueFold:
 
 
 CHUNK = 1 << 18  # rows per chunk where a statistic is taken in chunks
-
-
-def count_codes(codes: np.ndarray, n_codes: int) -> np.ndarray:
-    """How many of each code ``0 .. n_codes - 1`` (in chunks: ``np.bincount`` would copy
-    a whole column of small codes to 8 bytes each).
-    """
-    counts = np.zeros(n_codes, dtype=np.int64)
-    for a in range(0, codes.size, CHUNK):
-        counts += np.bincount(codes[a:a + CHUNK], minlength=n_codes)[:n_codes]
-    return counts
 
 
 def stats_ms(values_s: np.ndarray | BinnedSamples, censored: int | None = None, *,

@@ -88,6 +88,20 @@ def has_deadlines(scenario: Scenario) -> bool:
     return bool(scenario.classes and any(c.slo_ms is not None for c in scenario.classes))
 
 
+def default_drain_s(scenario: Scenario | LlmScenario) -> float:
+    """The default drain timeout of live runs and of the predictions compared with them: the
+    window's length (``duration_s`` − ``warmup_s``, at least 1 s). A workload bounded by a
+    request count has no such length before it runs: a request-level run then drains
+    everything (inf), an LLM run stops 60 s after the horizon.
+    """
+    from sim.scenario.llm import LlmScenario
+
+    duration = getattr(scenario.workload, "duration_s", None)
+    if duration is not None:
+        return max(float(duration) - scenario.warmup_s, 1.0)
+    return 60.0 if isinstance(scenario, LlmScenario) else math.inf
+
+
 def planned_horizon_s(scenario: Scenario, core: ServingCore) -> float:
     """The window's end as known before the run: ``duration_s``, else the last scheduled
     arrival (inf for a closed loop bounded only by ``n_requests``).

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import copy
 import typing
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sim.builtin import SCENARIOS, builtin_name, read_shipped, shipped
 from sim.errors import UserError
 from sim.scenario.payload import PayloadCfg
-
-BUILTIN_PREFIX = "builtin:"
 
 
 class ScenarioError(UserError):
@@ -513,20 +511,16 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel] | None =
 
 def builtin_scenarios() -> list[str]:
     """Names of the scenarios shipped with servelab."""
-    folder = resources.files("servelab") / "scenarios"
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir()
-                  if p.name.endswith(".yaml"))
+    return shipped(SCENARIOS)
 
 
 def read_scenario_dict(ref: str | Path) -> dict[str, Any]:
     """Read a scenario file (or ``builtin:NAME``) into a dict without validating it."""
     text_ref = str(ref)
-    if text_ref.startswith(BUILTIN_PREFIX):
-        name = text_ref[len(BUILTIN_PREFIX):]
-        if name not in builtin_scenarios():
-            raise ScenarioError(f"scenario: unknown builtin {name!r}; available: "
-                                f"{', '.join(builtin_scenarios())}")
-        text = (resources.files("servelab") / "scenarios" / f"{name}.yaml").read_text()
+    name = builtin_name(text_ref)
+    if name is not None:
+        text = read_shipped(SCENARIOS, name, builtin_scenarios(), lambda available: ScenarioError(
+            f"scenario: unknown builtin {name!r}; available: {available}"))
     else:
         path = Path(text_ref)
         if not path.is_file():

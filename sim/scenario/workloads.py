@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.builtin import DATA, builtin_name, shipped_path
 from sim.errors import UserError
 
 _CHUNK = 65536
@@ -27,12 +28,8 @@ class WorkloadError(UserError):
 
 def data_path(path: str | Path) -> Path:
     """A data file's path: ``builtin:NAME`` is a file shipped in ``servelab/data``."""
-    text = str(path)
-    if text.startswith("builtin:"):
-        from importlib import resources
-
-        return Path(str(resources.files("servelab") / "data" / text.removeprefix("builtin:")))
-    return Path(text)
+    name = builtin_name(path)
+    return Path(str(path)) if name is None else shipped_path(DATA, name)
 
 
 @dataclass(frozen=True)

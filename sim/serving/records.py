@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.metrics.folds import count_codes
-from sim.serving.types import QUEUED, STATUS_CATEGORIES, STATUS_NAMES
+from sim.serving.types import QUEUED, STATUS_CATEGORIES, STATUS_NAMES, count_codes
 
 # Column types: sizes and counts in 32 bits, replica and queue numbers in 16.
 SIZE = "i"

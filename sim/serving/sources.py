@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 
-from sim.scenario.workloads import ThinkSampler
 from sim.serving.records import RequestTable
 
 
@@ -49,7 +49,7 @@ class ScheduleSource:
 class ClientSource:
     """Closed-loop arrivals: each client sends again one think time after its answer."""
 
-    def __init__(self, table: RequestTable, clients: int, think: ThinkSampler, size: int,
+    def __init__(self, table: RequestTable, clients: int, think: Callable[[], float], size: int,
                  duration_s: float, n_requests: int | None, slo_s: float | None) -> None:
         self.table = table
         self.think = think

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 # Request status codes, stored as int8 in the records; names are what the tables show.
 QUEUED = 0
 OK = 1
@@ -30,6 +32,13 @@ STATUS_NAMES = {
 ERROR_CAUSES = ("rejected", "timed_out", "dropped", "failed")
 # the status column's categories, in code order (running requests show as in_flight)
 STATUS_CATEGORIES = ["in_flight", "ok", "rejected", "timed_out", "dropped", "failed"]
+_LABELS = np.array([STATUS_NAMES[code] for code in range(len(STATUS_NAMES))])
+
+
+def status_labels(codes: np.ndarray) -> np.ndarray:
+    """The names of status codes, as the tables show them (queued and running: in_flight)."""
+    labels: np.ndarray = _LABELS[codes]
+    return labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,3 +178,15 @@ class ServiceEstimate(Protocol):
         """Estimated service time in seconds."""
         ...
 
+
+_COUNT_CHUNK = 1 << 18  # rows per chunk (as sim.metrics.folds.CHUNK)
+
+
+def count_codes(codes: np.ndarray, n_codes: int) -> np.ndarray:
+    """How many of each code ``0 .. n_codes - 1`` (in chunks: ``np.bincount`` would copy
+    a whole column of small codes to 8 bytes each).
+    """
+    counts = np.zeros(n_codes, dtype=np.int64)
+    for a in range(0, codes.size, _COUNT_CHUNK):
+        counts += np.bincount(codes[a:a + _COUNT_CHUNK], minlength=n_codes)[:n_codes]
+    return counts

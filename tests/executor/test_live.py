@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 import sim
-from executor.live_requests import LiveError, live
+from executor.lifecycle import LiveError
+from executor.live_requests import live
 from executor.testing import SleepRunner
 
 PARITY = {

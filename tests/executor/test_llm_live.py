@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from executor.lifecycle import LiveError
 from executor.live_llm import live_llm
-from executor.live_requests import LiveError
 
 TINY = {"shape": "small", "hidden": 64, "layers": 1, "heads": 2, "kv_heads": 1,
         "intermediate": 128, "vocab": 256, "max_slots": 16, "max_len": 512}
@@ -136,20 +136,19 @@ def test_compare_llm_probes_rescales_and_compares_end_to_end(tmp_path) -> None:
     from typer.testing import CliRunner
 
     from calibration.step_profile import load_step_profile
-    from executor.compare_llm import rescaled
     from servelab.cli import app
 
     prof = load_step_profile("builtin:llm-small-cpu")
-    double = rescaled(prof, 2.0, 2.0)
+    double = prof.rescaled(2.0, 2.0)
     assert double.step_s(300, 5, 2000) == pytest.approx(2 * prof.step_s(300, 5, 2000))
     # the prefix-attention term is rescaled with the prefill speed, not dropped
     assert double.step_s(256, 0, 0, 256 * 900) == pytest.approx(
         2 * prof.step_s(256, 0, 0, 256 * 900))
-    mixed = rescaled(prof, 1.0, 3.0)  # a prefill-only step follows the prefill scale mostly
+    mixed = prof.rescaled(1.0, 3.0)  # a prefill-only step follows the prefill scale mostly
     assert mixed.step_s(1024, 0, 0) < 1.3 * prof.step_s(1024, 0, 0)
     assert mixed.step_s(0, 16, 16 * 512) > 2.5 * prof.step_s(0, 16, 16 * 512)
     # scales per step size: a one-sequence decode drifts apart from a sixteen-sequence one
-    by_size = rescaled(prof, {256: 1.0, 1024: 1.0}, {1: 0.5, 16: 1.0})
+    by_size = prof.rescaled({256: 1.0, 1024: 1.0}, {1: 0.5, 16: 1.0})
     assert by_size.step_s(0, 1, 512) == pytest.approx(0.5 * prof.step_s(0, 1, 512), rel=0.05)
     assert by_size.step_s(0, 16, 16 * 1024) == pytest.approx(
         prof.step_s(0, 16, 16 * 1024), rel=0.05)

@@ -1,9 +1,21 @@
 """The LLM engine core: admission, one step at a time, token bookkeeping and the per-step checks.
 
-Drivers are clocks around :meth:`LlmCore.plan` and :meth:`LlmCore.complete`: the simulated
-clock (:func:`sim.drivers.llm_simulate.simulate`) advances by the step model's time, a live
-driver would by the wall clock. Arrivals that come during a step join between steps, as in an
-engine core.
+One loop, :meth:`LlmCore.step`, that both LLM drivers call, as both request-level drivers
+call :meth:`sim.serving.core.ServingCore.step`. A driver is only a clock: the simulated one
+(:func:`sim.drivers.llm_simulate.simulate`) advances by the step model's time, the live one
+(:class:`executor.llm_driver.LiveLlmEngine`) by the wall clock on a real decoder. Each call
+applies, in this fixed order:
+
+1. the steps that ended since the last call (by end time): tokens recorded, finished
+   requests freed; a step that raised fails its requests;
+2. the engines whose model finished loading (by time), each after the arrivals before it;
+3. the autoscaler's control periods that fell due (each after the arrivals before it), and
+   an arrival to an empty fleet;
+4. the arrivals up to now;
+5. every engine that runs and is not in a step plans its next one (an engine with work that
+   plans nothing and sets no timer is a scheduler bug).
+
+Arrivals that come during a step join between steps, as in an engine core.
 
 Records: per request arrival, first token, finish and status; every output token's time (in
 one flat array, request ``i``'s tokens at ``token_offset[i]:token_offset[i + 1]``); per step
@@ -13,7 +25,7 @@ its start, duration, composition and the KV and queue state.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -21,33 +33,9 @@ from sim.serving.fleet import DRAINING, READY, STARTING, Fleet
 from sim.serving.llm.kv import Seq
 from sim.serving.llm.schedulers import LlmScheduler, StepPlan
 from sim.serving.llm.step_model import Composition, composition
-
-QUEUED, RUNNING, OK, REJECTED, FAILED, IN_FLIGHT = (
-    "queued", "running", "ok", "rejected", "failed", "in_flight")
-
-
-class StepInvariantError(RuntimeError):
-    """A step broke a limit (sequences, token budget, KV blocks) or a token was lost or
-    produced twice: a bug in a scheduler or the core.
-    """
-
-
-@dataclass
-class StepLog:
-    """Per-step columns (lists, converted to a table at the end)."""
-
-    replica: list[int] = field(default_factory=list)
-    start_s: list[float] = field(default_factory=list)
-    duration_s: list[float] = field(default_factory=list)
-    prefill_tokens: list[int] = field(default_factory=list)
-    prefill_context: list[int] = field(default_factory=list)
-    decode_seqs: list[int] = field(default_factory=list)
-    kv_tokens: list[int] = field(default_factory=list)
-    num_seqs: list[int] = field(default_factory=list)
-    kv_blocks_used: list[int] = field(default_factory=list)
-    waiting: list[int] = field(default_factory=list)
-    preempted: list[int] = field(default_factory=list)
-
+from sim.serving.llm.steps import LlmActions, StepDone, StepInvariantError, StepLog, StepStart
+from sim.serving.routing import JoinShortestQueue, ReplicaLoad, RoundRobin, Router
+from sim.serving.types import FAILED, OK, QUEUED, REJECTED, RUNNING, status_labels
 
 ROUTINGS = ("jsq", "round_robin")
 
@@ -79,13 +67,13 @@ class LlmCore:
         if routing not in ROUTINGS:
             raise ValueError(f"routing {routing!r}: allowed: {', '.join(ROUTINGS)}")
         self.routing = routing
-        self._next_rr = 0
+        self.router: Router = RoundRobin() if routing == "round_robin" else JoinShortestQueue()
         self.scheduler = self.schedulers[0]
         self.limits = self.scheduler.limits
         self.replica = np.full(n, -1, dtype=np.int64)
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
-        self.status = np.full(n, QUEUED, dtype=object)
+        self.status = np.full(n, QUEUED, dtype=np.int8)  # sim.serving.types codes
         self.reason = np.full(n, "", dtype=object)
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.work_tokens = np.zeros(n, dtype=np.int64)
@@ -101,9 +89,81 @@ class LlmCore:
         self.fleet = fleet
         self.launched: list[int] = []  # replicas launched since the driver last looked
         self.stopped: list[int] = []  # drained replicas stopped since then
+        self._in_step = [False] * len(self.schedulers)  # an engine the driver is running
+        self._wake_s = [math.inf] * len(self.schedulers)  # an idle engine's timer
         if fleet is not None and len(fleet.state) != len(self.schedulers):
             raise ValueError(f"fleet has {len(fleet.state)} slots for "
                              f"{len(self.schedulers)} schedulers")
+
+    # -- the loop both drivers call ----------------------------------------------------------
+    def step(self, now_s: float, finished: Sequence[StepDone] = (), *,
+             ready: Sequence[tuple[int, float]] = (), admit: bool = True,
+             plan: bool = True) -> LlmActions:
+        """Advance the core to ``now_s``; see the module docstring for the order.
+
+        Args:
+            now_s: The driver's time.
+            finished: Steps that ended since the last call (``end_s`` <= ``now_s``).
+            ready: Launched engines whose model finished loading since the last call, with
+                the time it finished (autoscaling).
+            admit: False: admit no more arrivals and consult no autoscaler (a live run that
+                was stopped).
+            plan: False: record what ended but start no step (a run that is being abandoned
+                or is past its drain deadline).
+
+        Returns:
+            The steps to start now, when to call again, and engines to launch or stop.
+
+        Raises:
+            StepInvariantError: a scheduler broke a limit, or has work but planned nothing
+                and set no timer.
+        """
+        for done in sorted(finished, key=lambda d: (d.end_s, d.replica)):
+            self._in_step[done.replica] = False
+            if done.error is None:
+                self.complete(done.plan, done.comp, done.start_s, done.end_s, done.replica)
+            else:
+                self.fail_step(done.plan, done.end_s, done.error, done.replica)
+        fleet = self.fleet
+        if fleet is not None:
+            for replica, ready_s in sorted(ready, key=lambda x: x[1]):
+                if admit:
+                    self.admit_until(ready_s)
+                self.ready(replica, ready_s)
+            if admit:
+                self.autoscale_until(now_s)
+        if admit:
+            self.admit_until(now_s)
+        launch, stop = tuple(self.launched), tuple(self.stopped)
+        self.launched.clear()
+        self.stopped.clear()
+        start: list[StepStart] = []
+        if plan:
+            for r in range(len(self.schedulers)):
+                if self._in_step[r] or not self.steps_on(r):
+                    continue
+                step_plan, comp = self.plan(now_s, r)
+                if comp is not None:
+                    self._in_step[r] = True
+                    self._wake_s[r] = math.inf
+                    start.append(StepStart(r, step_plan, comp))
+                    continue
+                wake_at_s = step_plan.wake_at_s
+                self._wake_s[r] = wake_at_s if wake_at_s is not None else math.inf
+                if wake_at_s is None and self.schedulers[r].has_work() \
+                        and not step_plan.preempted:
+                    raise StepInvariantError(f"{self.schedulers[r]!r} has work but planned "
+                                             "nothing and set no timer: it would never finish")
+        wake_s = min(self._wake_s)
+        if admit:
+            wake_s = min(wake_s, self.next_arrival_s())
+            if fleet is not None and self.ticking():
+                wake_s = min(wake_s, fleet.next_tick_s)
+        return LlmActions(start, wake_s, launch, stop)
+
+    def in_step(self, replica: int) -> bool:
+        """Whether the driver is running a step on ``replica`` (started, not yet ended)."""
+        return self._in_step[replica]
 
     # -- arrivals ----------------------------------------------------------------------------
     def next_arrival_s(self) -> float:
@@ -111,22 +171,17 @@ class LlmCore:
         return float(self.arrival_s[self.admitted]) if self.admitted < self.arrival_s.size \
             else math.inf
 
-    def _route(self) -> int:
-        if self.fleet is not None:
-            slots = self._candidates()
-            if self.routing == "round_robin":
-                r = slots[self._next_rr % len(slots)]
-                self._next_rr += 1
-                return r
-            return min(slots, key=lambda k: (self._outstanding[k], k))
-        if len(self.schedulers) == 1:
+    def _route(self, now_s: float, request_id: int) -> int:
+        """The replica an arrival joins: the router of :mod:`sim.serving.routing` over the
+        candidate replicas (all, or an autoscaled fleet's), each loaded with the requests it
+        holds (waiting or running).
+        """
+        if self.fleet is None and len(self.schedulers) == 1:
             return 0
-        if self.routing == "round_robin":
-            r = self._next_rr
-            self._next_rr = (r + 1) % len(self.schedulers)
-            return r
-        loads = self._outstanding
-        return loads.index(min(loads))
+        slots = self._candidates() if self.fleet is not None else range(len(self.schedulers))
+        loads = [ReplicaLoad(i, self._outstanding[slot], 0, 0, 0.0)
+                 for i, slot in enumerate(slots)]
+        return slots[self.router.route(now_s, request_id, loads)]
 
     # -- autoscaling -------------------------------------------------------------------------
     def _candidates(self) -> list[int]:
@@ -199,7 +254,7 @@ class LlmCore:
             seq = Seq(i, float(self.arrival_s[i]), int(self.prompt_tokens[i]),
                       int(self.output_tokens[i]), int(self.priority[i]))
             self.admitted += 1
-            r = self._route()
+            r = self._route(seq.arrival_s, i)
             sched = self.schedulers[r]
             self.replica[i] = r
             why = sched.refuse(seq)
@@ -308,7 +363,8 @@ class LlmCore:
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> dict[str, int]:
-        """Mark what is unfinished as in flight, check conservation, return status counts.
+        """Record what is unfinished (its status reads ``in_flight``), check conservation,
+        return status counts.
 
         Raises:
             StepInvariantError: a request lost or produced a token twice.
@@ -316,7 +372,6 @@ class LlmCore:
         for i in range(self.admitted):
             seq = self._seqs[i]
             if seq is not None and self.status[i] in (QUEUED, RUNNING):
-                self.status[i] = IN_FLIGHT
                 self.preemptions[i] = seq.preemptions
                 self.work_tokens[i] = seq.work
         ok = self.status[: self.admitted] == OK
@@ -329,6 +384,6 @@ class LlmCore:
             bad = int(np.flatnonzero(per_request[ok] != full[ok])[0])
             raise StepInvariantError(f"request {np.flatnonzero(ok)[bad]} finished with "
                                      f"{per_request[ok][bad]} of {full[ok][bad]} tokens")
-        statuses, counts = np.unique(self.status[: self.admitted].astype(str),
+        statuses, counts = np.unique(status_labels(self.status[: self.admitted]),
                                      return_counts=True)
         return {str(k): int(v) for k, v in zip(statuses, counts, strict=True)}

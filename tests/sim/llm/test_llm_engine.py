@@ -458,3 +458,22 @@ def test_the_priority_policy_serves_level_0_first_and_preempts_the_lowest() -> N
     rate0 = req.loc[req["priority"] == 0, "preemptions"].mean()
     rate1 = req.loc[req["priority"] == 1, "preemptions"].mean()
     assert rate1 > rate0
+
+
+
+def test_the_core_step_refuses_a_scheduler_with_work_that_plans_nothing() -> None:
+    from sim.drivers.llm_simulate import build_llm_core
+    from sim.scenario.llm import load_llm_scenario
+    from sim.serving.llm.schedulers import StepPlan
+    from sim.serving.llm.steps import StepDone, StepInvariantError
+
+    core = build_llm_core(load_llm_scenario(scenario()))
+    t0 = float(core.arrival_s[0])
+    first = core.step(t0)  # the request arrives and its prefill starts
+    assert [s.replica for s in first.start] == [0] and first.wake_s == float("inf")
+    core.schedulers[0].schedule = lambda now_s: StepPlan()  # type: ignore[method-assign]
+    assert core.step(t0 + 0.5).start == []  # still in its step: not asked to plan
+    begun = first.start[0]
+    done = StepDone(begun.replica, begun.plan, begun.comp, t0, t0 + 1.0)
+    with pytest.raises(StepInvariantError, match="has work but planned nothing"):
+        core.step(t0 + 1.0, [done])  # four tokens to go, no plan, no timer

@@ -1,0 +1,61 @@
+"""Step-time models: how long one engine step takes, from its composition
+(:class:`sim.serving.llm.step_model.Composition`). The LLM counterpart of
+:mod:`sim.scenario.service`: a hand-set linear model, a measured step profile, or the roofline model
+(:mod:`sim.scenario.roofline`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from calibration.step_profile import StepProfile
+from sim.serving.llm.step_model import Composition
+
+
+@dataclass(frozen=True)
+class LinearStepModel:
+    """``base + per_prefill_token × prefill + per_decode_seq × decodes + per_kv_token × kv``
+    (milliseconds; BLIS-style coefficients), deterministic: hand-checkable cases.
+    """
+
+    base_ms: float
+    per_prefill_token_ms: float = 0.0
+    per_decode_seq_ms: float = 0.0
+    per_kv_token_ms: float = 0.0
+
+    def step_s(self, comp: Composition) -> float:
+        """Seconds one step of this composition takes."""
+        return (self.base_ms + self.per_prefill_token_ms * comp.prefill_tokens
+                + self.per_decode_seq_ms * comp.decode_seqs
+                + self.per_kv_token_ms * comp.kv_tokens) / 1e3
+
+
+class ProfileStepModel:
+    """A measured step profile (:class:`calibration.step_profile.StepProfile`): interpolated
+    medians inside its grid, its linear fit outside (counted in :attr:`extrapolated`).
+    """
+
+    def __init__(self, profile: StepProfile, source: str = "") -> None:
+        self.profile = profile
+        self.source = source
+        self.extrapolated = 0
+
+    def __repr__(self) -> str:
+        return f"ProfileStepModel({self.source!r})"
+
+    def step_s(self, comp: Composition) -> float:
+        """Seconds one step of this composition takes."""
+        p, d, kv = comp.prefill_tokens, comp.decode_seqs, comp.kv_tokens
+        ctx = kv / d if d else 0.0
+        if not self.profile.inside(p, d, ctx if d else self.profile.context_tokens[0]):
+            self.extrapolated += 1
+        return self.profile.step_s(p, d, kv, comp.prefill_context)
+
+
+class StepModel(Protocol):
+    """What the engines need of a step-time model (linear, measured profile, roofline)."""
+
+    def step_s(self, comp: Composition) -> float:
+        """Seconds one step of this composition takes."""
+        ...
