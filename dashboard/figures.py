@@ -21,21 +21,57 @@ from sim.runner import Result
 TEMPLATE = "plotly"
 
 
+CDF_POINTS = 500  # a CDF drawn through this many quantiles looks the same, and sends less
+QUEUE_POINTS = 2000  # the most queue steps a figure draws (beyond: the maximum per time bin)
+
+
 def _ok_latency_ms(result: Result) -> np.ndarray:
     return np.sort(ok_latency_s(result.requests, result.scenario.warmup_s) * 1e3)
+
+
+def cdf_points(sorted_ms: np.ndarray, points: int = CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of an empirical CDF through at most ``points`` + 1 of its samples (evenly
+    spaced ranks, the smallest and the largest always among them).
+    """
+    n = sorted_ms.size
+    if n <= points:
+        return sorted_ms, np.arange(1, n + 1) / max(n, 1)
+    ranks = np.unique(np.linspace(0, n - 1, points + 1).round().astype(int))
+    return sorted_ms[ranks], (ranks + 1) / n
+
+
+def _nice_step(top: float, ticks: int = 5) -> int:
+    """A whole tick step (1, 2, 5 × 10^k) giving about ``ticks`` ticks up to ``top``."""
+    raw = max(top, 1.0) / ticks
+    power = 10 ** int(np.floor(np.log10(raw)))
+    for m in (1, 2, 5, 10):
+        if m * power >= raw:
+            return int(max(1, m * power))
+    return int(max(1, 10 * power))
+
+
+def legend_below(fig: go.Figure, entries: int) -> go.Figure:
+    """Put the legend under the plot and grow the figure by its rows, so long names never
+    squash the plotting area (one entry per row).
+    """
+    extra = 22 * entries
+    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.22,
+                              "xanchor": "left", "x": 0},
+                      height=int((fig.layout.height or 350) + extra),
+                      margin={"b": 80 + extra})
+    return fig
 
 
 def latency_cdf(results: Mapping[str, Result]) -> go.Figure:
     """Latency CDFs of one or more runs."""
     fig = go.Figure()
     for i, (name, result) in enumerate(results.items()):
-        lat = _ok_latency_ms(result)
-        fig.add_trace(go.Scatter(x=lat, y=np.arange(1, lat.size + 1) / max(lat.size, 1),
-                                 mode="lines", name=name,
+        x, y = cdf_points(_ok_latency_ms(result))
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name,
                                  line={"color": PALETTE[i % len(PALETTE)]}))
     fig.update_layout(template=TEMPLATE, title="latency CDF", xaxis_title="latency (ms)",
                       yaxis_title="fraction of requests", height=350)
-    return fig
+    return legend_below(fig, len(results)) if len(results) > 1 else fig
 
 
 def percentile_bars(results: Mapping[str, Result]) -> go.Figure:
@@ -48,16 +84,29 @@ def percentile_bars(results: Mapping[str, Result]) -> go.Figure:
                              marker_color=PALETTE[i % len(PALETTE)]))
     fig.update_layout(template=TEMPLATE, title="latency percentiles", barmode="group",
                       yaxis_title="latency (ms)", height=350)
-    return fig
+    return legend_below(fig, len(results)) if len(results) > 1 else fig
 
 
 def queue_over_time(result: Result) -> go.Figure:
     """Total queue length over time (step function)."""
     q = result.queue.sort_values("time_s", kind="stable")
     delta = q.groupby("queue")["length"].diff().fillna(q["length"])
-    fig = go.Figure(go.Scatter(x=q["time_s"], y=np.cumsum(delta.to_numpy()), mode="lines",
+    time_s, length = q["time_s"].to_numpy(), np.cumsum(delta.to_numpy())
+    title = "queue length over time"
+    if time_s.size > QUEUE_POINTS:  # the maximum per bin keeps every peak visible
+        bins = QUEUE_POINTS // 2
+        edges = np.linspace(time_s[0], time_s[-1], bins + 1)
+        which = np.clip(np.searchsorted(edges, time_s, side="right") - 1, 0, bins - 1)
+        peak = np.full(bins, -np.inf)
+        np.maximum.at(peak, which, length)
+        # a bin without a change holds the length of the last change before it
+        last = np.searchsorted(time_s, edges[:-1], side="right") - 1
+        peak = np.where(np.isfinite(peak), peak, length[np.maximum(last, 0)])
+        time_s, length = edges[:-1], peak
+        title = "queue length over time (maximum per bin)"
+    fig = go.Figure(go.Scatter(x=time_s, y=length, mode="lines",
                                line_shape="hv", line={"color": PALETTE[0], "width": 1}))
-    fig.update_layout(template=TEMPLATE, title="queue length over time", xaxis_title="time (s)",
+    fig.update_layout(template=TEMPLATE, title=title, xaxis_title="time (s)",
                       yaxis_title="queued requests", height=300)
     return fig
 
@@ -282,7 +331,10 @@ def kv_and_running(steps: pd.DataFrame, num_blocks: int | None) -> go.Figure:
                              line={"color": PALETTE[2], "shape": "hv", "dash": "dot"}),
                   secondary_y=True)
     fig.update_yaxes(title_text="KV cache utilisation", range=[0, 1.05], secondary_y=False)
-    fig.update_yaxes(title_text="sequences", secondary_y=True)
+    # counts: whole-number ticks from zero (plotly's auto ticks gave -1.6 and 4.5)
+    fig.update_yaxes(title_text="sequences", secondary_y=True, rangemode="nonnegative",
+                     tickformat="d", dtick=max(1, _nice_step(float(steps["num_seqs"].max()
+                                                                  if len(steps) else 1))))
     fig.update_xaxes(title_text="time (s)")
     fig.update_layout(template=TEMPLATE, height=360, title="KV cache and sequences over time")
     return fig

@@ -8,12 +8,14 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import figures
+from dashboard.i18n import chart, t
+from dashboard.i18n import frame as localized
 from dashboard.state import fmt, profile_choice, run_scenario
 from dashboard.widgets import policy_widgets
 
-st.title("Compare policies")
-st.caption("Every configuration sees the very same arrivals (same seed); then all of them "
-           "over a range of loads.")
+st.title(t("Compare policies"))
+st.caption(t("Every configuration sees the very same arrivals (same seed); then all of them "
+             "over a range of loads."))
 
 DEFAULTS: list[dict[str, Any]] = [
             {"kind": "none"}, {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 5},
@@ -64,12 +66,12 @@ if results:
         "mean batch": fmt(r.summary["mean_batch_size"], 2),
         "utilisation (%)": fmt(100 * r.summary["utilization"]),
         "error rate (%)": fmt(100 * r.summary["error_rate"], 2)} for name, r in results.items()])
-    st.dataframe(table, hide_index=True)
+    st.dataframe(localized(table), hide_index=True)
     a, b = st.columns(2)
-    a.plotly_chart(figures.latency_cdf(results))
-    b.plotly_chart(figures.percentile_bars(results))
+    chart(figures.latency_cdf(results), a)
+    chart(figures.percentile_bars(results), b)
 
-st.subheader("over a load sweep")
+st.subheader(t("over a load sweep"))
 factors = st.multiselect("offered load as a multiple of the rate above",
                          [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0],
                          default=[0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0], key="compare-factors")
@@ -84,7 +86,7 @@ for i, policy in enumerate(policies):
         rows.append(figures.sweep_row(label(i, policy), result.summary))
 if rows:
     frame = pd.DataFrame(rows)
-    st.plotly_chart(figures.load_curves(frame))
+    chart(figures.load_curves(frame))
     st.caption("Throughput is what finished in the window: it follows the offered load, then "
                "flattens at the capacity while latency climbs. × marks the knee (the first "
                "load whose P99 is more than 3× the lightest load's); hollow red-edged markers "
@@ -94,4 +96,4 @@ if rows:
     if len(unstable):
         st.warning(f"{len(unstable)} of {len(frame)} sweep points are unstable: the offered "
                    "load exceeds what the configuration can finish.")
-    st.plotly_chart(figures.goodput_curves(frame))
+    chart(figures.goodput_curves(frame))

@@ -9,6 +9,7 @@ import streamlit as st
 import yaml
 
 from dashboard import figures
+from dashboard.i18n import chart, frame, t
 from dashboard.state import fmt, parse_upload, profile_choice, run_scenario
 from dashboard.widgets import autoscaling_widgets, policy_widgets, workload_widgets
 from sim.stability import stability_warning
@@ -18,8 +19,8 @@ DEFAULT_CLASSES = [
     {"name": "batch", "share": 0.8, "priority": 1, "slo_ms": 1000.0},
 ]
 
-st.title("Explore")
-st.caption("Pick a profile, arrivals and a policy; everything re-simulates as you move a knob.")
+st.title(t("Explore"))
+st.caption(t("Pick a profile, arrivals and a policy; everything re-simulates as you move a knob."))
 
 restore = st.file_uploader("restore a scenario (YAML)", type=["yaml", "yml"], key="restore")
 loaded: dict[str, Any] = {}
@@ -110,37 +111,38 @@ with right:
         s = result.summary
         warning = stability_warning(s)
         if warning:
-            st.warning(f"This run is {warning}", icon="⚠️")
+            st.warning(f"{t('This run is')} {warning}", icon="⚠️")
         cards = st.columns(5)
-        cards[0].metric("throughput (req/s)", fmt(s["throughput_rps"], 1))
-        cards[1].metric("P50 latency", fmt(s["latency_ms"]["p50"], 1, " ms"))
-        cards[2].metric("P95 latency", fmt(s["latency_ms"]["p95"], 1, " ms"))
-        cards[3].metric("P99 latency", fmt(s["latency_ms"]["p99"], 1, " ms"))
-        cards[4].metric("error rate", fmt(100 * s["error_rate"], 2, " %"))
+        cards[0].metric(t("throughput (req/s)"), fmt(s["throughput_rps"], 1))
+        cards[1].metric(t("P50 latency"), fmt(s["latency_ms"]["p50"], 1, " ms"))
+        cards[2].metric(t("P95 latency"), fmt(s["latency_ms"]["p95"], 1, " ms"))
+        cards[3].metric(t("P99 latency"), fmt(s["latency_ms"]["p99"], 1, " ms"))
+        cards[4].metric(t("error rate"), fmt(100 * s["error_rate"], 2, " %"))
         second = st.columns(4)
-        second[0].metric("device utilisation", fmt(100 * s["utilization"], 1, " %"))
-        second[1].metric("mean batch", fmt(s["mean_batch_size"], 2))
-        second[2].metric("batch utilisation", fmt(100 * s["batch_utilization"], 1, " %"))
-        second[3].metric("queue length p95", fmt(s["queue_len"]["p95"], 0))
+        second[0].metric(t("device utilisation"), fmt(100 * s["utilization"], 1, " %"))
+        second[1].metric(t("mean batch"), fmt(s["mean_batch_size"], 2))
+        second[2].metric(t("batch utilisation"), fmt(100 * s["batch_utilization"], 1, " %"))
+        second[3].metric(t("queue length p95"), fmt(s["queue_len"]["p95"], 0))
         third = st.columns(4)
-        third[0].metric("replicas (mean)", fmt(s["replica_seconds"] / s["window_s"], 2)
+        third[0].metric(t("replicas (mean)"), fmt(s["replica_seconds"] / s["window_s"], 2)
                         if s["window_s"] else "–")
-        third[1].metric("cost per million", fmt(s["cost_per_million_usd"], 2, " USD"))
-        third[2].metric("cold starts", fmt(s["cold_starts"], 0))
-        third[3].metric("waited on a cold start", fmt(s["cold_start_waits"], 0))
+        third[1].metric(t("cost per million"), fmt(s["cost_per_million_usd"], 2, " USD"))
+        third[2].metric(t("cold starts"), fmt(s["cold_starts"], 0))
+        third[3].metric(t("waited on a cold start"), fmt(s["cold_start_waits"], 0))
         if s.get("classes"):
             st.markdown("**per request class** (a class whose P99 or error rate runs away is "
                         "being starved)")
-            st.dataframe(figures.class_table(s, scenario.get("classes", [])), hide_index=True)
+            st.dataframe(frame(figures.class_table(s, scenario.get("classes", []))),
+                         hide_index=True)
         runs = {"this scenario": result}
         a, b = st.columns(2)
-        a.plotly_chart(figures.latency_cdf(runs))
-        b.plotly_chart(figures.percentile_bars(runs))
-        st.plotly_chart(figures.latency_and_replicas(runs))
-        st.plotly_chart(figures.queue_over_time(result))
+        chart(figures.latency_cdf(runs), a)
+        chart(figures.percentile_bars(runs), b)
+        chart(figures.latency_and_replicas(runs))
+        chart(figures.queue_over_time(result))
         a, b, c = st.columns(3)
-        a.plotly_chart(figures.batch_histogram(result))
-        b.plotly_chart(figures.replica_utilization(result))
-        c.plotly_chart(figures.latency_split(result))
+        chart(figures.batch_histogram(result), a)
+        chart(figures.replica_utilization(result), b)
+        chart(figures.latency_split(result), c)
         st.download_button("download this scenario (YAML)", result.scenario.to_yaml(),
                            file_name="scenario.yaml", mime="application/x-yaml")

@@ -1,0 +1,125 @@
+"""The dashboard's language: one switch for every page, and the bundled CJK font.
+
+English strings are the keys; :data:`dashboard.zh.ZH` holds their Chinese. Pages pass what
+they show through :func:`t` (labels, KPI names, table headers), figures through
+:func:`chart` (titles, axes, legends, annotations) and tables through :func:`frame`, so one
+dictionary covers the whole page. The font is a subset of Noto Sans SC (SIL Open Font
+License, ``dashboard/static/OFL.txt``) holding the characters the dashboard uses, declared
+as an extra face of Streamlit's own font family limited to CJK code points, so Latin text
+keeps Streamlit's face and Chinese renders on a machine without CJK fonts.
+"""
+
+from __future__ import annotations
+
+import base64
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from dashboard.zh import ZH
+
+LANGS = {"English": "en", "中文": "zh"}
+STATIC = Path(__file__).resolve().parent / "static"
+FONT_FILE = "NotoSansSC-servelab.woff"
+FONT_FAMILY = "ServelabCJK"
+# CJK punctuation, ideographs, full-width forms: what the subset holds beyond Latin
+CJK_RANGE = "U+2000-206F, U+2E80-2FFF, U+3000-303F, U+3400-9FFF, U+F900-FAFF, U+FF00-FFEF"
+PLOTLY_FONT = f'"Open Sans", verdana, arial, "{FONT_FAMILY}", sans-serif'
+
+
+def current() -> str:
+    """The chosen language: ``en`` or ``zh``."""
+    return str(st.session_state.get("lang", "en"))
+
+
+def t(text: str) -> str:
+    """``text`` in the chosen language (itself when English or untranslated)."""
+    return ZH.get(text, text) if current() == "zh" else text
+
+
+def picker() -> None:
+    """The language switch (in the sidebar); stores ``en``/``zh`` in ``session_state.lang``."""
+    names = list(LANGS)
+    index = list(LANGS.values()).index(current())
+    name = st.sidebar.radio("language / 语言", names, index=index, horizontal=True,
+                            key="lang-picker")
+    st.session_state["lang"] = LANGS[str(name)]
+
+
+def _tr(value: Any) -> Any:
+    return ZH.get(value, value) if isinstance(value, str) else value
+
+
+def localize(fig: go.Figure) -> go.Figure:
+    """Translate a figure's title, axis titles, legend names and annotations in place
+    (Chinese mode), and set a font stack that ends in the bundled CJK face.
+    """
+    fig.update_layout(font={"family": PLOTLY_FONT})
+    if current() != "zh":
+        return fig
+    layout = fig.layout
+    if layout.title and layout.title.text:
+        layout.title.text = _tr(layout.title.text)
+    for name in dir(layout):
+        if name.startswith(("xaxis", "yaxis")):
+            axis = getattr(layout, name, None)
+            if axis is not None and axis.title and axis.title.text:
+                axis.title.text = _tr(axis.title.text)
+    for note in layout.annotations or ():
+        note.text = _tr(note.text)
+    for trace in fig.data:
+        if getattr(trace, "name", None):
+            trace.name = _tr(trace.name)
+        bar = getattr(getattr(trace, "marker", None), "colorbar", None)
+        if bar is not None and bar.title and bar.title.text:
+            bar.title.text = _tr(bar.title.text)
+        if isinstance(trace, go.Bar) and trace.x is not None:
+            trace.x = [_tr(x) for x in trace.x]
+    return fig
+
+
+def chart(fig: go.Figure, where: Any = None) -> None:
+    """Show a figure (localized) with ``st.plotly_chart``, or ``where.plotly_chart``."""
+    (where or st).plotly_chart(localize(fig))
+
+
+def frame(table: pd.DataFrame) -> pd.DataFrame:
+    """A table with its headers (and string cells of known phrases) translated."""
+    if current() != "zh":
+        return table
+    out = table.rename(columns=lambda c: _tr(str(c)))
+    for col in out.columns:
+        if out[col].dtype == object:
+            out[col] = out[col].map(_tr)
+    return out
+
+
+@cache
+def _font_data_url() -> str:
+    data = (STATIC / FONT_FILE).read_bytes()
+    return "data:font/woff;base64," + base64.b64encode(data).decode("ascii")
+
+
+def font_css() -> str:
+    """The ``<style>`` that declares the bundled font: served by Streamlit's static file
+    server when it is on (``servelab dashboard`` turns it on), else inlined as a data URL.
+    """
+    if st.get_option("server.enableStaticServing"):
+        url = f"app/static/{FONT_FILE}"
+    else:
+        url = _font_data_url()
+    face = (f'src: url("{url}") format("woff"); unicode-range: {CJK_RANGE}; '
+            "font-weight: 100 900; font-style: normal; font-display: block;")
+    # the same face under Streamlit's family (CJK code points only) and under our own name
+    return (f'<style>@font-face {{ font-family: "Source Sans"; {face} }}\n'
+            f'@font-face {{ font-family: "{FONT_FAMILY}"; {face} }}\n'
+            f'@font-face {{ font-family: "Source Sans Pro"; {face} }}</style>')
+
+
+def inject_font() -> None:
+    """Put :func:`font_css` into the page (once per run)."""
+    st.html(font_css())
