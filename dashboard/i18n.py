@@ -5,8 +5,9 @@ they show through :func:`t` (labels, KPI names, table headers), figures through
 :func:`chart` (titles, axes, legends, annotations) and tables through :func:`frame`, so one
 dictionary covers the whole page. The font is a subset of Noto Sans SC (SIL Open Font
 License, ``dashboard/static/OFL.txt``) holding the characters the dashboard uses, declared
-as an extra face of Streamlit's own font family limited to CJK code points, so Latin text
-keeps Streamlit's face and Chinese renders on a machine without CJK fonts.
+with ``@font-face`` for CJK code points only and named after Streamlit's own font in the
+theme (:data:`THEME_FONT`, which ``servelab dashboard`` passes), so Latin text keeps
+Streamlit's face and Chinese renders on a machine without CJK fonts.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ FONT_FILE = "NotoSansSC-servelab.woff"
 FONT_FAMILY = "ServelabCJK"
 # CJK punctuation, ideographs, full-width forms: what the subset holds beyond Latin
 CJK_RANGE = "U+2000-206F, U+2E80-2FFF, U+3000-303F, U+3400-9FFF, U+F900-FAFF, U+FF00-FFEF"
-PLOTLY_FONT = f'"Open Sans", verdana, arial, "{FONT_FAMILY}", sans-serif'
+PLOTLY_FONT = f'"Open Sans", verdana, arial, {FONT_FAMILY}, sans-serif'
+# Streamlit's theme font with the bundled face as its fallback (``servelab dashboard`` passes
+# it as --theme.font); Latin keeps Source Sans, CJK code points come from the subset
+THEME_FONT = f"Source Sans, {FONT_FAMILY}, sans-serif"
 
 
 def current() -> str:
@@ -114,10 +118,7 @@ def font_css() -> str:
         url = _font_data_url()
     face = (f'src: url("{url}") format("woff"); unicode-range: {CJK_RANGE}; '
             "font-weight: 100 900; font-style: normal; font-display: block;")
-    # the same face under Streamlit's family (CJK code points only) and under our own name
-    return (f'<style>@font-face {{ font-family: "Source Sans"; {face} }}\n'
-            f'@font-face {{ font-family: "{FONT_FAMILY}"; {face} }}\n'
-            f'@font-face {{ font-family: "Source Sans Pro"; {face} }}</style>')
+    return f'<style>@font-face {{ font-family: "{FONT_FAMILY}"; {face} }}</style>'
 
 
 def inject_font() -> None:

@@ -122,7 +122,7 @@ def describe(snap: Snapshot, en: bool) -> str:
     elif snap.queue:
         parts.append("waiting for more requests to fill the batch" if en
                      else "等待更多请求凑批")
-    return "; ".join(parts) or ("nothing to do" if en else "无事可做")
+    return ("; " if en else "；").join(parts) or ("nothing to do" if en else "无事可做")
 
 
 def timeline(snapshots: list[Snapshot], upto: int, en: bool) -> go.Figure:
