@@ -40,8 +40,8 @@ def build(source: Path = SOURCE, out: Path = OUT) -> int:
     """Subset ``source`` (its Simplified Chinese face) to :func:`needed_characters`, rename
     it and write WOFF to ``out``; returns the number of characters kept.
     """
-    from fontTools import subset
-    from fontTools.ttLib import TTCollection, TTFont
+    from fontTools import subset  # type: ignore[import-untyped]
+    from fontTools.ttLib import TTCollection, TTFont  # type: ignore[import-untyped]
 
     if source.suffix == ".ttc":
         faces = TTCollection(str(source)).fonts

@@ -58,12 +58,13 @@ def _tr(value: Any) -> Any:
     return ZH.get(value, value) if isinstance(value, str) else value
 
 
-def localize(fig: go.Figure) -> go.Figure:
+def localize(fig: go.Figure, lang: str | None = None) -> go.Figure:
     """Translate a figure's title, axis titles, legend names and annotations in place
-    (Chinese mode), and set a font stack that ends in the bundled CJK face.
+    (``lang`` ``zh``; None: the chosen language), and set a font stack that ends in the
+    bundled CJK face.
     """
     fig.update_layout(font={"family": PLOTLY_FONT})
-    if current() != "zh":
+    if (lang or current()) != "zh":
         return fig
     layout = fig.layout
     if layout.title and layout.title.text:
@@ -91,13 +92,13 @@ def chart(fig: go.Figure, where: Any = None) -> None:
     (where or st).plotly_chart(localize(fig))
 
 
-def frame(table: pd.DataFrame) -> pd.DataFrame:
+def frame(table: pd.DataFrame, lang: str | None = None) -> pd.DataFrame:
     """A table with its headers (and string cells of known phrases) translated."""
-    if current() != "zh":
+    if (lang or current()) != "zh":
         return table
     out = table.rename(columns=lambda c: _tr(str(c)))
     for col in out.columns:
-        if out[col].dtype == object:
+        if out[col].dtype == object or pd.api.types.is_string_dtype(out[col]):
             out[col] = out[col].map(_tr)
     return out
 

@@ -105,7 +105,9 @@ def trace_loop(scenario: dict[str, Any]) -> list[Snapshot]:
 
 def describe(snap: Snapshot, en: bool) -> str:
     """What happened at a snapshot, in words."""
-    ids = lambda rs: ", ".join(f"#{r}" for r in rs)  # noqa: E731 - a local shorthand
+    def ids(rs: tuple[int, ...]) -> str:
+        return ", ".join(f"#{r}" for r in rs)
+
     parts = []
     if snap.finished:
         parts.append(f"results returned: {ids(snap.finished)}" if en
@@ -173,7 +175,10 @@ def exp_serving_loop(lang: str) -> None:
     at = st.slider("event" if en else "事件", 1, len(snapshots), 1, key="l0-event") - 1
     snap = snapshots[at]
     st.markdown(f"**t = {1e3 * snap.time_s:.2f} ms** — {describe(snap, en)}")
-    chips = lambda rs: " ".join(f"`#{r}`" for r in rs) or "—"  # noqa: E731
+
+    def chips(rs: tuple[int, ...]) -> str:
+        return " ".join(f"`#{r}`" for r in rs) or "—"
+
     q, b, d = st.columns(3)
     q.markdown(("**queue**" if en else "**队列**") + f"\n\n{chips(snap.queue)}")
     b.markdown(("**batch formed now**" if en else "**本次组成的批次**")

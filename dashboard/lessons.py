@@ -172,7 +172,7 @@ def exp_metrics(lang: str) -> None:
                      key="l7-load")
     capacity = 1 / load_profile("builtin:minilm-cpu").median_s(1)
     workload = {"kind": "poisson", "rate_rps": capacity * load / 100, "duration_s": 300}
-    setups = [  # the same arrivals: no batching, dynamic batching, a bounded queue
+    setups: list[tuple[str, dict[str, Any], dict[str, Any]]] = [  # the same arrivals: no batching, dynamic batching, a bounded queue
         ("no batching" if en else "不批处理", {"kind": "none"}, {}),
         ("dynamic, max batch 32" if en else "动态批处理，最大批 32",
          {"kind": "dynamic", "max_batch_size": 32, "max_wait_ms": 2}, {}),

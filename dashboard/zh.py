@@ -101,4 +101,41 @@ ZH: dict[str, str] = {
     "Offered load around {rate:.2f} req/s × the factors. × marks the knee; hollow red-edged "
     "markers are unstable runs.":
         "负载约为 {rate:.2f} 请求/秒 × 各倍数。× 标记拐点；空心红边标记为不稳定的运行。",
+    # widgets (Explore, Compare, Calibration, Verify)
+    "SLO for goodput (ms)": "有效吞吐的延迟目标（毫秒）", "configurations": "配置数",
+    "duration (s)": "时长（秒）", "duration per point (s)": "每个点的时长（秒）",
+    "offered load as a multiple of the rate above": "负载（上述速率的倍数）",
+    "autoscaler": "自动扩缩容", "autoscaling and cold starts": "自动扩缩容与冷启动",
+    "download this scenario (YAML)": "下载此场景（YAML）",
+    "price per replica-hour (USD)": "每副本小时价格（美元）",
+    "queue bound (0 = none)": "队列上限（0 = 无）", "queue discipline": "队列规则",
+    "queue, replicas, SLO": "队列、副本、延迟目标",
+    "request classes (share, priority, own SLO)": "请求类别（占比、优先级、各自的延迟目标）",
+    "request classes and queue discipline": "请求类别与队列规则",
+    "request timeout ms (0 = none)": "请求超时毫秒（0 = 无）",
+    "restore a scenario (YAML)": "恢复场景（YAML）", "routing": "路由", "seed": "随机种子",
+    "or upload profile JSON files": "或上传性能曲线 JSON 文件", "profiles": "性能曲线",
+    "profile JSON": "性能曲线 JSON", "latency profile": "延迟性能曲线",
+    "compare result directory": "对比结果目录", "load": "负载",
+    "period (s): a 'day'": "周期（秒）：一“天”",
+    "amplitude (share of the mean rate)": "振幅（占平均速率的比例）", "arrivals": "到达过程",
+    "batch latency objective (ms)": "批延迟目标（毫秒）",
+    "burst rate (req/s)": "突发速率（请求/秒）",
+    "burstiness (CV of gaps)": "突发程度（间隔变异系数）", "clients": "客户端数",
+    "cold start (s) when the profile has none": "冷启动（秒，性能曲线未给出时）",
+    "downscale delay (s)": "缩容延迟（秒）", "flush a partial batch after (ms)":
+        "未满批次的发出时间（毫秒）", "look-back period (s)": "回看周期（秒）",
+    "max batch size": "最大批大小", "max wait (ms)": "最大等待（毫秒）",
+    "mean state duration (s)": "平均状态时长（秒）", "panic window (s)": "恐慌窗口（秒）",
+    "policy": "策略", "quiet rate (req/s)": "平静速率（请求/秒）",
+    "replicas (min, max)": "副本数（最小，最大）", "scale-to-zero grace (s)":
+        "缩容到零的宽限（秒）", "stable window (s)": "稳定窗口（秒）",
+    "target concurrency per replica": "每副本目标并发", "target ongoing requests per replica":
+        "每副本目标进行中请求数", "think time (ms)": "思考时间（毫秒）",
+    "timer starts": "计时起点", "upscale delay (s)": "扩容延迟（秒）",
+    # calibration figure
+    "throughput (items/s)": "吞吐量（条/秒）", "cost per item (ms)": "单条成本（毫秒）",
+    "batch size (items)": "批大小（条）", "items/s": "条/秒", "ms per item": "毫秒/条",
+    "sim vs live error against load": "模拟与实测误差随负载变化",
+    "relative error (%)": "相对误差（%）", "utilisation ρ": "利用率 ρ",
 }

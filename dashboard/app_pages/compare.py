@@ -26,12 +26,12 @@ top = st.columns(4)
 with top[0]:
     profile = profile_choice("compare-profile")
 with top[1]:
-    rate = st.number_input("rate (req/s)", 0.1, 100_000.0, 40.0, key="compare-rate")
+    rate = st.number_input(t("rate (req/s)"), 0.1, 100_000.0, 40.0, key="compare-rate")
 with top[2]:
-    duration = st.slider("duration (s)", 5, 300, 60, key="compare-duration")
+    duration = st.slider(t("duration (s)"), 5, 300, 60, key="compare-duration")
 with top[3]:
-    count = st.slider("configurations", 2, 4, 3, key="compare-count")
-slo_ms = st.number_input("SLO for goodput (ms)", 1.0, 600_000.0, 250.0, key="compare-slo")
+    count = st.slider(t("configurations"), 2, 4, 3, key="compare-count")
+slo_ms = st.number_input(t("SLO for goodput (ms)"), 1.0, 600_000.0, 250.0, key="compare-slo")
 
 policies: list[dict[str, Any]] = []
 for i, col in enumerate(st.columns(count)):
@@ -72,10 +72,10 @@ if results:
     chart(figures.percentile_bars(results), b)
 
 st.subheader(t("over a load sweep"))
-factors = st.multiselect("offered load as a multiple of the rate above",
+factors = st.multiselect(t("offered load as a multiple of the rate above"),
                          [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0],
                          default=[0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0], key="compare-factors")
-sweep_seconds = st.slider("duration per point (s)", 5, 120, 20, key="compare-sweep-duration")
+sweep_seconds = st.slider(t("duration per point (s)"), 5, 120, 20, key="compare-sweep-duration")
 rows = []
 for i, policy in enumerate(policies):
     for factor in sorted(factors):

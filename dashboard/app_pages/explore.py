@@ -22,7 +22,7 @@ DEFAULT_CLASSES = [
 st.title(t("Explore"))
 st.caption(t("Pick a profile, arrivals and a policy; everything re-simulates as you move a knob."))
 
-restore = st.file_uploader("restore a scenario (YAML)", type=["yaml", "yml"], key="restore")
+restore = st.file_uploader(t("restore a scenario (YAML)"), type=["yaml", "yml"], key="restore")
 loaded: dict[str, Any] = {}
 if restore is not None:
     try:
@@ -39,32 +39,32 @@ with left:
                              default=(loaded.get("service") or {}).get("path"))
     workload = workload_widgets("explore", loaded.get("workload"))
     policy = policy_widgets("explore", loaded.get("policy"))
-    with st.expander("queue, replicas, SLO"):
-        max_len = st.number_input("queue bound (0 = none)", 0, 100_000,
+    with st.expander(t("queue, replicas, SLO")):
+        max_len = st.number_input(t("queue bound (0 = none)"), 0, 100_000,
                                   int((loaded.get("queue") or {}).get("max_len") or 0),
                                   key="explore-maxlen")
-        timeout = st.number_input("request timeout ms (0 = none)", 0.0, 600_000.0,
+        timeout = st.number_input(t("request timeout ms (0 = none)"), 0.0, 600_000.0,
                                   float((loaded.get("queue") or {}).get("timeout_ms") or 0.0),
                                   key="explore-timeout")
-        replicas = st.slider("replicas", 1, 32, int(loaded.get("replicas", 1)),
+        replicas = st.slider(t("replicas"), 1, 32, int(loaded.get("replicas", 1)),
                              key="explore-replicas")
         routings = ["shared", "round_robin", "random", "jsq", "p2c", "least_work"]
-        routing = st.selectbox("routing", routings,
+        routing = st.selectbox(t("routing"), routings,
                                index=routings.index(loaded.get("routing", "shared"))
                                if loaded.get("routing", "shared") in routings else 0,
                                key="explore-routing")
-        slo_ms = st.number_input("SLO (ms)", 1.0, 600_000.0, float(loaded.get("slo_ms") or 250),
+        slo_ms = st.number_input(t("SLO (ms)"), 1.0, 600_000.0, float(loaded.get("slo_ms") or 250),
                                  key="explore-slo")
-        seed = st.number_input("seed", 0, 1_000_000, int(loaded.get("seed", 7)),
+        seed = st.number_input(t("seed"), 0, 1_000_000, int(loaded.get("seed", 7)),
                                key="explore-seed")
-    with st.expander("request classes and queue discipline"):
+    with st.expander(t("request classes and queue discipline")):
         disciplines = ["fifo", "priority", "edf"]
         loaded_discipline = (loaded.get("queue") or {}).get("discipline", "fifo")
-        discipline = st.selectbox("queue discipline", disciplines,
+        discipline = st.selectbox(t("queue discipline"), disciplines,
                                   index=disciplines.index(loaded_discipline)
                                   if loaded_discipline in disciplines else 0,
                                   key="explore-discipline")
-        use_classes = st.checkbox("request classes (share, priority, own SLO)",
+        use_classes = st.checkbox(t("request classes (share, priority, own SLO)"),
                                   bool(loaded.get("classes")), key="explore-use-classes")
         classes: list[dict[str, Any]] = []
         if use_classes:
@@ -74,16 +74,16 @@ with left:
             classes = [{str(k): (None if pd.isna(v) else v) for k, v in row.items()}
                        for row in edited.to_dict("records") if row.get("name")]
 
-    with st.expander("autoscaling and cold starts"):
+    with st.expander(t("autoscaling and cold starts")):
         scaling_loaded = loaded.get("autoscaling") or {}
         kinds = ["off", "target", "concurrency"]
         scaling_kind = st.selectbox(
-            "autoscaler", kinds, index=kinds.index(scaling_loaded.get("kind", "off"))
+            t("autoscaler"), kinds, index=kinds.index(scaling_loaded.get("kind", "off"))
             if scaling_loaded.get("kind", "off") in kinds else 0, key="explore-scaling",
             help="target: Ray Serve's target_ongoing_requests; concurrency: Knative's KPA "
                  "(min replicas 0 = scale to zero). Off: the fixed replicas above.")
         autoscaling = autoscaling_widgets(scaling_kind, scaling_loaded)
-        price = st.number_input("price per replica-hour (USD)", 0.0, 1000.0,
+        price = st.number_input(t("price per replica-hour (USD)"), 0.0, 1000.0,
                                 float(loaded.get("price_per_replica_hour") or 1.0),
                                 key="explore-price")
 
@@ -144,5 +144,5 @@ with right:
         chart(figures.batch_histogram(result), a)
         chart(figures.replica_utilization(result), b)
         chart(figures.latency_split(result), c)
-        st.download_button("download this scenario (YAML)", result.scenario.to_yaml(),
+        st.download_button(t("download this scenario (YAML)"), result.scenario.to_yaml(),
                            file_name="scenario.yaml", mime="application/x-yaml")
