@@ -14,7 +14,12 @@ Targets (issue 31): a knob on Explore answered in <= 0.5 s, on the LLM page in <
 default scenarios. The machine's load average is printed beside the numbers: on a shared VM
 they vary from run to run.
 
-Usage: python benchmarks/dashboard_speed.py [--repeats 3] [--label NAME]
+With ``--baseline REV`` the same cases also run against the dashboard of git revision REV
+(exported to a temporary directory, served on a second port), page by page in turn with the
+current code, so that both see the same machine load: on a shared VM only such a same-run
+comparison says whether a change made the dashboard faster.
+
+Usage: python benchmarks/dashboard_speed.py [--repeats 3] [--baseline REV] [--label NAME]
 Writes benchmarks/results/dashboard_speed[-LABEL].md and .json.
 """
 
@@ -54,11 +59,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(port: int) -> subprocess.Popen[bytes]:
-    """``servelab dashboard`` on ``port``, waiting until it answers its health check."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def export_revision(rev: str, into: Path) -> Path:
+    """The tree of git revision ``rev`` under ``into`` (``git archive``)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def start_server(port: int, root: Path = ROOT) -> subprocess.Popen[bytes]:
+    """``servelab dashboard`` of the tree ``root`` on ``port``, waiting until it answers its
+    health check.
+    """
+    env = dict(os.environ, PYTHONPATH=str(root))
     proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", "dashboard", "--port",
-                             str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             str(port)], cwd=root, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 90
     while True:
@@ -132,45 +147,53 @@ def move(view: Any, action: Any) -> tuple[float, float]:
     return wait_answer(view, before)
 
 
-def measure(base: str, repeats: int) -> list[dict[str, Any]]:
-    """Every timed case; one row per (page, case) with each repeat's seconds."""
+def measure(bases: dict[str, str], repeats: int) -> list[dict[str, Any]]:
+    """Every timed case against every server in ``bases`` (label -> URL), page by page in
+    turn; one row per (code, page, case) with each repeat's seconds.
+    """
     from playwright.sync_api import sync_playwright
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     rows: list[dict[str, Any]] = []
 
-    def record(page: str, case: str, times: list[tuple[float, float]]) -> None:
-        rows.append({"page": page, "case": case,
+    def record(code: str, page: str, case: str, times: list[tuple[float, float]]) -> None:
+        rows.append({"code": code, "page": page, "case": case,
                      "answered_s": [round(a, 3) for a, _ in times],
                      "settled_s": [round(s, 3) for _, s in times]})
-        print(f"{page:8} {case:38} answered {[round(a, 2) for a, _ in times]} "
+        print(f"{code:8} {page:8} {case:36} answered {[round(a, 2) for a, _ in times]} "
               f"settled {[round(s, 2) for _, s in times]}", flush=True)
+
+    def explore(view: Any, code: str, base: str) -> None:
+        record(code, "explore", "first load", [first_load(view, f"{base}/")])
+        record(code, "explore", "rate (number input)",
+               [move(view, lambda i=i: type_number(view, "rate (req/s)", 41.0 + i))
+                for i in range(repeats)])
+        record(code, "explore", "max batch size (slider, one step)",
+               [move(view, lambda: slider_key(view, "max batch size", "ArrowRight"))
+                for _ in range(repeats)])
+        record(code, "explore", "max wait (slider, one step)",
+               [move(view, lambda: slider_key(view, "max wait (ms)", "ArrowRight"))
+                for _ in range(repeats)])
+
+    def llm(view: Any, code: str, base: str) -> None:
+        record(code, "llm", "first load", [first_load(view, f"{base}/llm")])
+        record(code, "llm", "rate scale (slider, one step)",
+               [move(view, lambda: slider_key(view, "rate × the trace's (5.5 req/s)",
+                                              "ArrowRight")) for _ in range(repeats)])
+        view.get_by_text("KV cache and limits").click()  # open the expander
+        record(code, "llm", "max_num_seqs (number input)",
+               [move(view, lambda i=i: type_number(view, "max_num_seqs", 8.0 + 2 * i))
+                for i in range(repeats)])
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
             "--disable-background-networking", "--disable-component-update"])
-        view = browser.new_page(viewport={"width": 1500, "height": 1100})
-        # Explore
-        record("explore", "first load", [first_load(view, f"{base}/")])
-        record("explore", "rate (number input)",
-               [move(view, lambda i=i: type_number(view, "rate (req/s)", 41.0 + i))
-                for i in range(repeats)])
-        record("explore", "max batch size (slider, one step)",
-               [move(view, lambda: slider_key(view, "max batch size", "ArrowRight"))
-                for _ in range(repeats)])
-        record("explore", "max wait (slider, one step)",
-               [move(view, lambda: slider_key(view, "max wait (ms)", "ArrowRight"))
-                for _ in range(repeats)])
-        # LLM
-        record("llm", "first load", [first_load(view, f"{base}/llm")])
-        record("llm", "rate scale (slider, one step)",
-               [move(view, lambda: slider_key(view, "rate × the trace's (5.5 req/s)",
-                                              "ArrowRight")) for _ in range(repeats)])
-        view.get_by_text("KV cache and limits").click()  # open the expander
-        record("llm", "max_num_seqs (number input)",
-               [move(view, lambda i=i: type_number(view, "max_num_seqs", 8.0 + 2 * i))
-                for i in range(repeats)])
+        views = {code: browser.new_page(viewport={"width": 1500, "height": 1100})
+                 for code in bases}
+        for page in (explore, llm):
+            for code, base in bases.items():
+                page(views[code], code, base)
         browser.close()
     return rows
 
@@ -185,20 +208,21 @@ def write(rows: list[dict[str, Any]], label: str) -> None:
             "loadavg_1min": round(load[0], 2), "label": label}
     lines = [f"# Dashboard speed{f' ({label})' if label else ''}", "",
              f"Headless Chromium against `servelab dashboard`, {meta['when']}, "
-             f"{meta['cpus']} CPUs, load average {meta['loadavg_1min']} (a shared VM: "
-             "absolute times vary between runs). *answered*: the KPI cards show the new "
-             "numbers; *settled*: the whole run, figures included, has finished. Targets: "
-             "Explore <= 0.5 s, LLM <= 1 s per knob move.", "",
-             "| page | case | answered median (s) | answered max (s) | settled median (s) "
-             "| target (s) | met |", "|---|---|---:|---:|---:|---:|:---:|"]
-    for row in rows:
+             f"{meta['cpus']} CPUs, load average {meta['loadavg_1min']} at the end (a shared "
+             "VM: absolute times vary between runs; rows of one run share its load). "
+             "*answered*: the KPI cards show the new numbers; *settled*: the whole run, "
+             "figures included, has finished. Targets: Explore <= 0.5 s, LLM <= 1 s per knob "
+             "move (on the median of *answered*).", "",
+             "| code | page | case | answered median (s) | answered max (s) | settled median "
+             "(s) | target (s) | met |", "|---|---|---|---:|---:|---:|---:|:---:|"]
+    for row in sorted(rows, key=lambda r: (r["page"], r["case"], r["code"] != "current")):
         answered, settled = row["answered_s"], row["settled_s"]
         first = row["case"] == "first load"
         target = TARGET_S[row["page"]]
         met = "—" if first else ("yes" if statistics.median(answered) <= target else "no")
-        lines.append(f"| {row['page']} | {row['case']} | {statistics.median(answered):.2f} | "
-                     f"{max(answered):.2f} | {statistics.median(settled):.2f} | "
-                     f"{'—' if first else target} | {met} |")
+        lines.append(f"| {row['code']} | {row['page']} | {row['case']} | "
+                     f"{statistics.median(answered):.2f} | {max(answered):.2f} | "
+                     f"{statistics.median(settled):.2f} | {'—' if first else target} | {met} |")
     (RESULTS / f"dashboard_speed{suffix}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"dashboard_speed{suffix}.json").write_text(
         json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
@@ -207,16 +231,29 @@ def write(rows: list[dict[str, Any]], label: str) -> None:
 
 def main() -> None:
     """Run the benchmark and write its results."""
+    import tempfile
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="moves per case")
+    parser.add_argument("--baseline", default=None,
+                        help="also time this git revision's dashboard, in turn with this one")
     parser.add_argument("--label", default="", help="suffix of the result files")
     args = parser.parse_args()
-    port = free_port()
-    server = start_server(port)
-    try:
-        rows = measure(f"http://127.0.0.1:{port}", args.repeats)
-    finally:
-        stop_server(server)
+    servers: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="servelab-baseline-") as tmp:
+        try:
+            bases: dict[str, str] = {}
+            if args.baseline:
+                port = free_port()
+                servers.append(start_server(port, export_revision(args.baseline, Path(tmp))))
+                bases[f"{args.baseline}"] = f"http://127.0.0.1:{port}"
+            port = free_port()
+            servers.append(start_server(port))
+            bases["current"] = f"http://127.0.0.1:{port}"
+            rows = measure(bases, args.repeats)
+        finally:
+            for server in servers:
+                stop_server(server)
     write(rows, args.label)
 
 
