@@ -69,11 +69,9 @@ def localize(fig: go.Figure, lang: str | None = None) -> go.Figure:
     layout = fig.layout
     if layout.title and layout.title.text:
         layout.title.text = _tr(layout.title.text)
-    for name in dir(layout):
-        if name.startswith(("xaxis", "yaxis")):
-            axis = getattr(layout, name, None)
-            if axis is not None and axis.title and axis.title.text:
-                axis.title.text = _tr(axis.title.text)
+    for axis in (*fig.select_xaxes(), *fig.select_yaxes()):
+        if axis.title and axis.title.text:
+            axis.title.text = _tr(axis.title.text)
     for note in layout.annotations or ():
         note.text = _tr(note.text)
     for trace in fig.data:

@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from calibration.report import PALETTE
+from dashboard.figures import themed
 from sim.build import Streams, build_service
 from sim.core import Finished
 from sim.runner import build_core
@@ -151,7 +152,7 @@ def timeline(snapshots: list[Snapshot], upto: int, en: bool) -> go.Figure:
                              base=[1e3 * lo[r] for r in ids], orientation="h", name=label,
                              marker_color=colour))
     fig.add_vline(x=1e3 * now_s, line_dash="dash", line_color="#999999")
-    fig.update_layout(barmode="overlay", height=320, template="plotly",
+    themed(fig).update_layout(barmode="overlay", height=320,
                       title="requests over time" if en else "请求时间线",
                       xaxis_title="time (ms)" if en else "时间（毫秒）",
                       yaxis={"autorange": "reversed", "title": "request" if en else "请求"},

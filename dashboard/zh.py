@@ -138,4 +138,15 @@ ZH: dict[str, str] = {
     "batch size (items)": "批大小（条）", "items/s": "条/秒", "ms per item": "毫秒/条",
     "sim vs live error against load": "模拟与实测误差随负载变化",
     "relative error (%)": "相对误差（%）", "utilisation ρ": "利用率 ρ",
+    "Throughput is what finished in the window: it follows the offered load, then flattens "
+    "at the capacity while latency climbs. × marks the knee (the first load whose P99 is "
+    "more than 3× the lightest load's); hollow red-edged markers are unstable runs (offered "
+    "load above capacity: their latency only says how long the run lasted).":
+        "吞吐量是窗口内完成的请求：它随负载上升，到达容量后变平，而延迟持续攀升。× 标记拐点"
+        "（P99 首次超过最轻负载 P99 三倍的负载）；空心红边标记为不稳定的运行（负载超过容量："
+        "其延迟只反映运行了多久）。",
+    "{n} of {total} sweep points are unstable: the offered load exceeds what the "
+    "configuration can finish.": "{total} 个扫描点中有 {n} 个不稳定：负载超过了该配置能完成的量。",
+    "**per request class** (a class whose P99 or error rate runs away is being starved)":
+        "**各请求类别**（P99 或错误率失控的类别正在被饿死）",
 }

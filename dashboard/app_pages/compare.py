@@ -17,6 +17,12 @@ st.title(t("Compare policies"))
 st.caption(t("Every configuration sees the very same arrivals (same seed); then all of them "
              "over a range of loads."))
 
+CURVES_NOTE = ("Throughput is what finished in the window: it follows the offered load, then "
+               "flattens at the capacity while latency climbs. × marks the knee (the first "
+               "load whose P99 is more than 3× the lightest load's); hollow red-edged markers "
+               "are unstable runs (offered load above capacity: their latency only says how "
+               "long the run lasted).")
+
 DEFAULTS: list[dict[str, Any]] = [
             {"kind": "none"}, {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 5},
             {"kind": "greedy", "max_batch_size": 32}, {"kind": "dynamic", "max_batch_size": 32,
@@ -36,7 +42,7 @@ slo_ms = st.number_input(t("SLO for goodput (ms)"), 1.0, 600_000.0, 250.0, key="
 policies: list[dict[str, Any]] = []
 for i, col in enumerate(st.columns(count)):
     with col:
-        st.subheader(f"config {i + 1}")
+        st.subheader(f"{t('config')} {i + 1}")
         policies.append(policy_widgets(f"cmp{i}", DEFAULTS[i]))
 
 
@@ -87,13 +93,9 @@ for i, policy in enumerate(policies):
 if rows:
     frame = pd.DataFrame(rows)
     chart(figures.load_curves(frame))
-    st.caption("Throughput is what finished in the window: it follows the offered load, then "
-               "flattens at the capacity while latency climbs. × marks the knee (the first "
-               "load whose P99 is more than 3× the lightest load's); hollow red-edged markers "
-               "are unstable runs (offered load above capacity: their latency only says how "
-               "long the run lasted).")
+    st.caption(t(CURVES_NOTE))
     unstable = frame[frame["verdict"] == "unstable"]
     if len(unstable):
-        st.warning(f"{len(unstable)} of {len(frame)} sweep points are unstable: the offered "
-                   "load exceeds what the configuration can finish.")
+        st.warning(t("{n} of {total} sweep points are unstable: the offered load exceeds what "
+                     "the configuration can finish.").format(n=len(unstable), total=len(frame)))
     chart(figures.goodput_curves(frame))

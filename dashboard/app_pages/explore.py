@@ -130,8 +130,8 @@ with right:
         third[2].metric(t("cold starts"), fmt(s["cold_starts"], 0))
         third[3].metric(t("waited on a cold start"), fmt(s["cold_start_waits"], 0))
         if s.get("classes"):
-            st.markdown("**per request class** (a class whose P99 or error rate runs away is "
-                        "being starved)")
+            st.markdown(t("**per request class** (a class whose P99 or error rate runs away "
+                          "is being starved)"))
             st.dataframe(frame(figures.class_table(s, scenario.get("classes", []))),
                          hide_index=True)
         runs = {"this scenario": result}
