@@ -18,7 +18,7 @@ from calibration.profile import (
     profile_summary,
 )
 from calibration.report import profile_figure
-from dashboard.i18n import t
+from dashboard.i18n import chart, t
 from dashboard.state import parse_upload
 
 st.title(t("Calibration profiles"))
@@ -49,7 +49,7 @@ for upload in uploads or []:
 if not profiles:
     st.info("Pick at least one profile.")
 else:
-    st.plotly_chart(profile_figure(profiles, labels))
+    chart(profile_figure(profiles, labels))
     for profile, name in zip(profiles, labels, strict=True):
         meta = profile.meta
         st.markdown(f"**{name}** — {profile.device.get('name', profile.device.get('kind'))}, "

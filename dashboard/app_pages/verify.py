@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import figures
-from dashboard.i18n import t
+from dashboard.i18n import chart, t
 from sim.runner import Result
 from sim.scenario import load_scenario
 
@@ -101,9 +101,9 @@ if llm:
     fig.update_layout(title="TTFT CDF, sim vs live", xaxis_title="TTFT (ms)",
                       xaxis_type="log", yaxis_title="fraction of requests",
                       template="plotly", height=400)
-    st.plotly_chart(fig)
+    chart(fig)
     if (top / "fidelity.csv").is_file():
-        st.plotly_chart(figures.fidelity_curve(pd.read_csv(top / "fidelity.csv")))
+        chart(figures.fidelity_curve(pd.read_csv(top / "fidelity.csv")))
     st.stop()
 
 
@@ -124,7 +124,7 @@ if (path / "sim-1").is_dir():
         st.caption(f"probed simulation not shown: {exc}")
 for live_dir in sorted(path.glob("live-*")):
     runs[live_dir.name] = load_run(live_dir)
-st.plotly_chart(figures.latency_cdf(runs))
+chart(figures.latency_cdf(runs))
 fidelity = top / "fidelity.csv"
 if fidelity.is_file():
-    st.plotly_chart(figures.fidelity_curve(pd.read_csv(fidelity)))
+    chart(figures.fidelity_curve(pd.read_csv(fidelity)))
