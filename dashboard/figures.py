@@ -351,7 +351,9 @@ def kv_and_running(steps: pd.DataFrame, num_blocks: int | None) -> go.Figure:
                      tickformat="d", dtick=max(1, _nice_step(float(steps["num_seqs"].max()
                                                                   if len(steps) else 1))))
     fig.update_xaxes(title_text="time (s)")
-    themed(fig).update_layout(height=360, title="KV cache and sequences over time")
+    themed(fig).update_layout(height=400, title="KV cache and sequences over time",
+                              legend={"orientation": "h", "yanchor": "top", "y": -0.25,
+                                      "x": 0})  # not over the right-hand axis
     return fig
 
 
