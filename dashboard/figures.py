@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from calibration.report import PALETTE
@@ -21,21 +22,71 @@ from sim.metrics.summary import ok_latency_s
 TEMPLATE = "plotly"
 
 
+def themed(fig: go.Figure) -> go.Figure:
+    """Give ``fig`` the :data:`TEMPLATE` without plotly validating the template's ~2,000
+    properties again (45 ms a figure, most of a dashboard rerun; plotly sets its default
+    template the same way when it builds a figure).
+    """
+    layout = fig.layout
+    layout._validate = False  # plotly's own switch, restored below
+    try:
+        layout.template = pio.templates[TEMPLATE]
+    finally:
+        layout._validate = True
+    return fig
+
+
+CDF_POINTS = 500  # a CDF drawn through this many quantiles looks the same, and sends less
+QUEUE_POINTS = 2000  # the most queue steps a figure draws (beyond: the maximum per time bin)
+
+
 def _ok_latency_ms(result: Result) -> np.ndarray:
     return np.sort(ok_latency_s(result.requests, result.scenario.warmup_s) * 1e3)
+
+
+def cdf_points(sorted_ms: np.ndarray, points: int = CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of an empirical CDF through at most ``points`` + 1 of its samples (evenly
+    spaced ranks, the smallest and the largest always among them).
+    """
+    n = sorted_ms.size
+    if n <= points:
+        return sorted_ms, np.arange(1, n + 1) / max(n, 1)
+    ranks = np.unique(np.linspace(0, n - 1, points + 1).round().astype(int))
+    return sorted_ms[ranks], (ranks + 1) / n
+
+
+def _nice_step(top: float, ticks: int = 5) -> int:
+    """A whole tick step (1, 2, 5 × 10^k) giving about ``ticks`` ticks up to ``top``."""
+    raw = max(top, 1.0) / ticks
+    power = 10 ** int(np.floor(np.log10(raw)))
+    for m in (1, 2, 5, 10):
+        if m * power >= raw:
+            return int(max(1, m * power))
+    return int(max(1, 10 * power))
+
+
+def legend_below(fig: go.Figure, entries: int) -> go.Figure:
+    """Put the legend under the plot and grow the figure by its rows, so long names never
+    squash the plotting area (one entry per row).
+    """
+    extra = 22 * entries
+    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.22,
+                              "xanchor": "left", "x": 0},
+                      height=int((fig.layout.height or 350) + extra),
+                      margin={"b": 80 + extra})
+    return fig
 
 
 def latency_cdf(results: Mapping[str, Result]) -> go.Figure:
     """Latency CDFs of one or more runs."""
     fig = go.Figure()
     for i, (name, result) in enumerate(results.items()):
-        lat = _ok_latency_ms(result)
-        fig.add_trace(go.Scatter(x=lat, y=np.arange(1, lat.size + 1) / max(lat.size, 1),
-                                 mode="lines", name=name,
+        x, y = cdf_points(_ok_latency_ms(result))
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name,
                                  line={"color": PALETTE[i % len(PALETTE)]}))
-    fig.update_layout(template=TEMPLATE, title="latency CDF", xaxis_title="latency (ms)",
+    themed(fig).update_layout(title="latency CDF", xaxis_title="latency (ms)",
                       yaxis_title="fraction of requests", height=350)
-    return fig
+    return legend_below(fig, len(results)) if len(results) > 1 else fig
 
 
 def percentile_bars(results: Mapping[str, Result]) -> go.Figure:
@@ -46,18 +97,31 @@ def percentile_bars(results: Mapping[str, Result]) -> go.Figure:
         lat = result.summary["latency_ms"]
         fig.add_trace(go.Bar(x=keys, y=[lat[k] for k in keys], name=name,
                              marker_color=PALETTE[i % len(PALETTE)]))
-    fig.update_layout(template=TEMPLATE, title="latency percentiles", barmode="group",
+    themed(fig).update_layout(title="latency percentiles", barmode="group",
                       yaxis_title="latency (ms)", height=350)
-    return fig
+    return legend_below(fig, len(results)) if len(results) > 1 else fig
 
 
 def queue_over_time(result: Result) -> go.Figure:
     """Total queue length over time (step function)."""
     q = result.queue.sort_values("time_s", kind="stable")
     delta = q.groupby("queue")["length"].diff().fillna(q["length"])
-    fig = go.Figure(go.Scatter(x=q["time_s"], y=np.cumsum(delta.to_numpy()), mode="lines",
+    time_s, length = q["time_s"].to_numpy(), np.cumsum(delta.to_numpy())
+    title = "queue length over time"
+    if time_s.size > QUEUE_POINTS:  # the maximum per bin keeps every peak visible
+        bins = QUEUE_POINTS // 2
+        edges = np.linspace(time_s[0], time_s[-1], bins + 1)
+        which = np.clip(np.searchsorted(edges, time_s, side="right") - 1, 0, bins - 1)
+        peak = np.full(bins, -np.inf)
+        np.maximum.at(peak, which, length)
+        # a bin without a change holds the length of the last change before it
+        last = np.searchsorted(time_s, edges[:-1], side="right") - 1
+        peak = np.where(np.isfinite(peak), peak, length[np.maximum(last, 0)])
+        time_s, length = edges[:-1], peak
+        title = "queue length over time (maximum per bin)"
+    fig = go.Figure(go.Scatter(x=time_s, y=length, mode="lines",
                                line_shape="hv", line={"color": PALETTE[0], "width": 1}))
-    fig.update_layout(template=TEMPLATE, title="queue length over time", xaxis_title="time (s)",
+    themed(fig).update_layout(title=title, xaxis_title="time (s)",
                       yaxis_title="queued requests", height=300)
     return fig
 
@@ -66,7 +130,7 @@ def batch_histogram(result: Result) -> go.Figure:
     """How often each batch size was dispatched."""
     counts = result.batches["size"].value_counts().sort_index()
     fig = go.Figure(go.Bar(x=counts.index, y=counts.to_numpy(), marker_color=PALETTE[1]))
-    fig.update_layout(template=TEMPLATE, title="batch sizes", xaxis_title="batch size (requests)",
+    themed(fig).update_layout(title="batch sizes", xaxis_title="batch size (requests)",
                       yaxis_title="batches", height=300)
     return fig
 
@@ -76,7 +140,7 @@ def replica_utilization(result: Result) -> go.Figure:
     util = result.summary["utilization_per_replica"]
     fig = go.Figure(go.Bar(x=[f"replica {i}" for i in range(len(util))], y=util,
                            marker_color=PALETTE[2]))
-    fig.update_layout(template=TEMPLATE, title="device utilisation per replica",
+    themed(fig).update_layout(title="device utilisation per replica",
                       yaxis_title="busy fraction", yaxis_range=[0, 1], height=300)
     return fig
 
@@ -91,7 +155,7 @@ def latency_split(result: Result) -> go.Figure:
         go.Bar(x=keys, y=[s["service_ms"][k] for k in keys], name="service",
                marker_color=PALETTE[0]),
     ])
-    fig.update_layout(template=TEMPLATE, title="latency split (queue wait vs service)",
+    themed(fig).update_layout(title="latency split (queue wait vs service)",
                       barmode="stack", yaxis_title="ms", height=300)
     return fig
 
@@ -179,7 +243,7 @@ def load_curves(frame: pd.DataFrame, config_col: str = "config") -> go.Figure:
     fig.update_xaxes(title_text="achieved throughput (req/s)", row=1, col=2)
     fig.update_yaxes(title_text="latency P99 (solid), P50 (dotted) (ms)", type="log", row=1,
                      col=2)
-    fig.update_layout(template=TEMPLATE, height=420)
+    themed(fig).update_layout(height=420)
     return fig
 
 
@@ -204,7 +268,7 @@ def goodput_curves(frame: pd.DataFrame, config_col: str = "config") -> go.Figure
     top = float(frame["offered_rps"].max()) if len(frame) else 1.0
     fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="ideal",
                              line={"color": "#999999", "dash": "dash"}))
-    fig.update_layout(template=TEMPLATE, title="goodput vs offered load",
+    themed(fig).update_layout(title="goodput vs offered load",
                       xaxis_title="offered load (req/s)", yaxis_title="goodput (req/s)",
                       height=400)
     return fig
@@ -223,7 +287,7 @@ def fidelity_curve(frame: pd.DataFrame) -> go.Figure:
         g = frame[frame["metric"] == metric].sort_values("target_rho")
         fig.add_trace(go.Scatter(x=g["target_rho"], y=100 * g["rel_error"], name=metric,
                                  mode="lines+markers", line={"color": PALETTE[i]}))
-    fig.update_layout(template=TEMPLATE, title="sim vs live error against load",
+    themed(fig).update_layout(title="sim vs live error against load",
                       xaxis_title="offered rate / capacity ρ" if llm else "utilisation ρ",
                       yaxis_title="relative error (%)",
                       height=380)
@@ -263,7 +327,7 @@ def llm_load_curves(frame: pd.DataFrame, config_col: str = "config") -> go.Figur
     for col in (1, 2):
         fig.update_xaxes(title_text="offered load (req/s)", row=1, col=col)
         fig.update_yaxes(title_text="ms, P99 solid / P50 dotted", type="log", row=1, col=col)
-    fig.update_layout(template=TEMPLATE, height=420)
+    themed(fig).update_layout(height=420)
     return fig
 
 
@@ -282,9 +346,14 @@ def kv_and_running(steps: pd.DataFrame, num_blocks: int | None) -> go.Figure:
                              line={"color": PALETTE[2], "shape": "hv", "dash": "dot"}),
                   secondary_y=True)
     fig.update_yaxes(title_text="KV cache utilisation", range=[0, 1.05], secondary_y=False)
-    fig.update_yaxes(title_text="sequences", secondary_y=True)
+    # counts: whole-number ticks from zero (plotly's auto ticks gave -1.6 and 4.5)
+    fig.update_yaxes(title_text="sequences", secondary_y=True, rangemode="nonnegative",
+                     tickformat="d", dtick=max(1, _nice_step(float(steps["num_seqs"].max()
+                                                                  if len(steps) else 1))))
     fig.update_xaxes(title_text="time (s)")
-    fig.update_layout(template=TEMPLATE, height=360, title="KV cache and sequences over time")
+    themed(fig).update_layout(height=400, title="KV cache and sequences over time",
+                              legend={"orientation": "h", "yanchor": "top", "y": -0.25,
+                                      "x": 0})  # not over the right-hand axis
     return fig
 
 
@@ -299,7 +368,7 @@ def step_composition(steps: pd.DataFrame) -> go.Figure:
         name="steps"))
     fig.update_xaxes(title_text="decoding sequences in the step")
     fig.update_yaxes(title_text="prefill tokens in the step")
-    fig.update_layout(template=TEMPLATE, height=360, title="step composition")
+    themed(fig).update_layout(height=360, title="step composition")
     return fig
 
 
@@ -336,6 +405,6 @@ def latency_and_replicas(results: Mapping[str, Result], bin_s: float | None = No
     fig.update_yaxes(title_text="P99 latency (ms)", type="log", row=1, col=1)
     fig.update_yaxes(title_text="replicas", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text="time (s)", row=2, col=1)
-    fig.update_layout(template=TEMPLATE, title="P99 latency per time bin and replica count",
+    themed(fig).update_layout(title="P99 latency per time bin and replica count",
                       height=480)
     return fig

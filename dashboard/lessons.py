@@ -15,10 +15,9 @@ import streamlit as st
 
 from calibration.profile import load_profile
 from calibration.report import profile_figure
-from dashboard import figures
+from dashboard import figures, lesson_loop
+from dashboard.i18n import chart, frame
 from dashboard.state import fmt, run_scenario
-
-LANGS = {"English": "en", "中文": "zh"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ def _row(label: str, result: Any) -> dict[str, Any]:
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
-    st.dataframe(pd.DataFrame(rows), hide_index=True)
+    st.dataframe(frame(pd.DataFrame(rows)), hide_index=True)
 
 
 # -- experiments ---------------------------------------------------------------------------------
@@ -74,7 +73,7 @@ def exp_runs_vs_serves(lang: str) -> None:
     fig = figures.latency_cdf({("stream" if lang == "en" else "请求流"): result})
     fig.add_vline(x=alone_ms, line_dash="dash",
                   annotation_text="one request alone" if lang == "en" else "单个请求")
-    st.plotly_chart(fig)
+    chart(fig)
 
 
 def exp_latency_vs_throughput(lang: str) -> None:
@@ -96,13 +95,13 @@ def exp_latency_vs_throughput(lang: str) -> None:
             if result is not None:
                 curve.append(figures.sweep_row(f"batch ≤ {b}", result.summary))
     if curve:
-        st.plotly_chart(figures.load_curves(pd.DataFrame(curve)))
+        chart(figures.load_curves(pd.DataFrame(curve)))
 
 
 def exp_why_batching(lang: str) -> None:
     name = st.selectbox("profile" if lang == "en" else "性能曲线",
                         ["mlp-cpu", "cnn-cpu", "minilm-cpu"], key="l3-profile")
-    st.plotly_chart(profile_figure([load_profile(f"builtin:{name}")], [name]))
+    chart(profile_figure([load_profile(f"builtin:{name}")], [name]))
 
 
 def exp_why_queues(lang: str) -> None:
@@ -168,21 +167,34 @@ def exp_balance(lang: str) -> None:
 
 
 def exp_metrics(lang: str) -> None:
-    load = st.slider("load as % of capacity" if lang == "en" else "负载占容量百分比", 30, 99, 90,
+    en = lang == "en"
+    load = st.slider("load as % of capacity" if en else "负载占容量百分比", 30, 99, 90,
                      key="l7-load")
     capacity = 1 / load_profile("builtin:minilm-cpu").median_s(1)
+    workload = {"kind": "poisson", "rate_rps": capacity * load / 100, "duration_s": 300}
+    setups: list[tuple[str, dict[str, Any], dict[str, Any]]] = [  # the same arrivals: no batching, dynamic batching, a bounded queue
+        ("no batching" if en else "不批处理", {"kind": "none"}, {}),
+        ("dynamic, max batch 32" if en else "动态批处理，最大批 32",
+         {"kind": "dynamic", "max_batch_size": 32, "max_wait_ms": 2}, {}),
+        ("no batching, queue bound 4" if en else "不批处理，队列上限 4", {"kind": "none"},
+         {"queue": {"max_len": 4}}),
+    ]
     rows = []
-    result = run_scenario(_scenario({"kind": "none"}, {"kind": "poisson",
-                                                       "rate_rps": capacity * load / 100,
-                                                       "duration_s": 300},
-                                    profile="builtin:minilm-cpu"))
-    if result is not None:
+    for label, policy, extra in setups:
+        result = run_scenario(_scenario(policy, workload, profile="builtin:minilm-cpu",
+                                        **extra))
+        if result is None:
+            continue
         s = result.summary
-        rows.append({"mean ms": fmt(s["latency_ms"]["mean"]), "P95 ms": fmt(s["latency_ms"]["p95"]),
+        rows.append({"": label, "mean ms": fmt(s["latency_ms"]["mean"]),
+                     "P95 ms": fmt(s["latency_ms"]["p95"]),
                      "P99 ms": fmt(s["latency_ms"]["p99"]),
                      "queue mean / max": f"{fmt(s['queue_len']['mean'])} / "
                                          f"{fmt(s['queue_len']['max'], 0)}",
-                     "utilisation %": fmt(100 * s["utilization"])})
+                     "utilisation %": fmt(100 * s["utilization"]),
+                     "mean batch": fmt(s["mean_batch_size"], 2),
+                     "batch utilisation %": fmt(100 * s["batch_utilization"]),
+                     "error %": fmt(100 * s["error_rate"], 2)})
     big = run_scenario(_scenario({"kind": "fixed", "batch_size": 64, "timeout_ms": 1000},
                                  {"kind": "poisson", "rate_rps": 200, "duration_s": 20}))
     _table(rows)
@@ -263,7 +275,7 @@ def exp_resident_vs_on_demand(lang: str) -> None:
                      "stable?": r["verdict"]})
     _table(rows)
     if runs:
-        st.plotly_chart(figures.latency_and_replicas(runs, bin_s=10.0))
+        chart(figures.latency_and_replicas(runs, bin_s=10.0))
 
 
 def exp_exercises(lang: str) -> None:
@@ -291,8 +303,11 @@ ANSWERS = {
 }
 
 LESSONS: list[Lesson] = [
+    Lesson("serving-loop", lesson_loop.TITLE, lesson_loop.TEXT, lesson_loop.QUESTION,
+           lesson_loop.exp_serving_loop),
     Lesson("serves",
-           {"en": "1. It runs is not it serves", "zh": "1. 能运行不等于能服务"},
+           {"en": "1. A model that runs is not yet a service",
+            "zh": "1. 模型能运行，不等于能提供服务"},
            {"en": "A benchmark of one request measures the model alone. In production requests "
                   "arrive at random and wait for each other: the same model, fed a stream, shows "
                   "a latency distribution whose tail grows quickly as the stream approaches the "
@@ -309,11 +324,17 @@ LESSONS: list[Lesson] = [
                   "batches win on latency; above it only batching keeps up at all. Throughput "
                   "is what *finishes* per second: it follows the offered load until the "
                   "capacity, then flattens there while the queue and the latency grow without "
-                  "bound (the run is *unstable*: its P99 only says how long it ran).",
+                  "bound (the run is *unstable*: its P99 only says how long it ran). *Saturated* means the "
+                  "offered load is close to that capacity (within 5%): no slack is left. A "
+                  "device that is busy most of the time at a lower load is not saturated: "
+                  "greedy batching keeps it busy with small batches, and as the load grows the "
+                  "batches grow with it, so there is headroom left.",
             "zh": "批处理让设备每次调用做更多工作，因此吞吐量上升；但请求可能要等待凑批，延迟也可能"
                   "上升。拐点以下小批次延迟更低；拐点以上只有批处理才能跟上负载。吞吐量是每秒"
                   "*完成*的请求数：它随负载上升直到容量，然后停在容量处，而队列和延迟无限增长"
-                  "（此时运行*不稳定*：其 P99 只反映运行了多久）。"},
+                  "（此时运行*不稳定*：其 P99 只反映运行了多久）。*饱和*是指负载已接近容量（相差"
+                  "不到 5%）：没有余量了。负载较低时设备大部分时间繁忙并不等于饱和：贪心批处理"
+                  "用小批次让设备一直忙着，负载上升时批次随之变大，所以仍有余量。"},
            {"en": "Find the load where batch ≤ 1 stops keeping up: where does its throughput "
                   "flatten, and what is that capacity? What does batch ≤ 32 cost at low load?",
             "zh": "找到批大小为 1 时跟不上负载的临界点：它的吞吐量在哪里变平，容量是多少？"
@@ -379,8 +400,11 @@ LESSONS: list[Lesson] = [
             "zh": "平均延迟掩盖了尾部：要同时关注 P95/P99、队列长度、批利用率、错误率和设备利用率。"
                   "三个常见错误：（1）只相信单请求基准（第 1 课）；（2）批次相对负载过大；（3）不监控"
                   "队列与资源——利用率超过 90% 时，队列和尾延迟急剧增长，而平均值看起来仍可接受。"},
-           {"en": "At 95% load, how far apart are the mean and the P99?",
-            "zh": "负载为 95% 时，平均延迟与 P99 相差多少？"},
+           {"en": "At 95% load, how far apart are the mean and the P99? How full are the "
+                  "dynamic batches (batch utilisation), and what share of the requests does "
+                  "the queue bound of 4 reject (error rate)?",
+            "zh": "负载为 95% 时，平均延迟与 P99 相差多少？动态批处理的批次有多满（批利用率）？"
+                  "队列上限为 4 时有多少比例的请求被拒绝（错误率）？"},
            exp_metrics),
     Lesson("continuous-batching",
            {"en": "8. Continuous batching for LLMs", "zh": "8. 大语言模型的连续批处理"},

@@ -11,6 +11,7 @@ import yaml
 
 import sim
 from calibration.profile import LatencyProfile, ProfileError, builtin_profiles
+from dashboard.i18n import t
 from sim.scenario.schema import ScenarioError
 
 MAX_REQUESTS = 200_000
@@ -136,10 +137,10 @@ def profile_choice(key: str, label: str = "latency profile",
     options = [f"builtin:{n}" for n in builtin_profiles()]
     wanted = default if default in options else "builtin:minilm-cpu"
     index = options.index(wanted) if wanted in options else 0
-    choice = st.selectbox(label, [*options, "upload…"], index=index, key=key)
+    choice = st.selectbox(t(label), [*options, "upload…"], index=index, key=key)
     if choice != "upload…":
         return str(choice)
-    upload = st.file_uploader("profile JSON", type=["json"], key=f"{key}-upload")
+    upload = st.file_uploader(t("profile JSON"), type=["json"], key=f"{key}-upload")
     if upload is None:
         return None
     try:
@@ -160,7 +161,27 @@ def _tmpdir() -> str:
 
 
 def fmt(value: float, digits: int = 1, unit: str = "") -> str:
-    """A number for a KPI card (– for NaN)."""
+    """A number for a KPI card (– for NaN); no decimals from 1,000 on, where they only
+    widen the card (``55,932 ms``, not ``55,931.8 ms``).
+    """
     if value is None or value != value:
         return "–"
+    if abs(value) >= 1000:
+        digits = 0
     return f"{value:,.{digits}f}{unit}"
+
+
+# KPI cards: Streamlit cuts a value wider than its column with an ellipsis ("102.8 …"); let
+# the font shrink with the viewport and wrap as the last resort, so a number is never cut.
+CARD_CSS = """<style>
+[data-testid="stMetricValue"] { font-size: clamp(1.05rem, 1.55vw, 2rem); }
+[data-testid="stMetricValue"], [data-testid="stMetricValue"] *,
+[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {
+  overflow: visible !important; text-overflow: clip !important;
+  white-space: normal !important; overflow-wrap: anywhere; }
+</style>"""
+
+
+def inject_styles() -> None:
+    """The dashboard's CSS (KPI cards fitted to their values)."""
+    st.html(CARD_CSS)

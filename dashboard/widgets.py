@@ -6,6 +6,8 @@ from typing import Any
 
 import streamlit as st
 
+from dashboard.i18n import t
+
 POLICY_KINDS = ["none", "greedy", "fixed", "dynamic", "aimd", "slo"]
 WORKLOAD_KINDS = ["poisson", "gamma", "mmpp", "sinusoid", "constant", "closed"]
 
@@ -13,30 +15,31 @@ WORKLOAD_KINDS = ["poisson", "gamma", "mmpp", "sinusoid", "constant", "closed"]
 def policy_widgets(prefix: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """Widgets for a policy; returns its scenario section."""
     d = defaults or {}
-    kind = st.selectbox("policy", POLICY_KINDS, index=POLICY_KINDS.index(d.get("kind", "dynamic")),
+    kind = st.selectbox(t("policy"), POLICY_KINDS,
+                        index=POLICY_KINDS.index(d.get("kind", "dynamic")),
                         key=f"{prefix}-policy-kind")
     policy: dict[str, Any] = {"kind": kind}
     if kind in ("greedy", "dynamic", "aimd", "slo"):
-        policy["max_batch_size"] = st.slider("max batch size", 1, 64,
+        policy["max_batch_size"] = st.slider(t("max batch size"), 1, 64,
                                              int(d.get("max_batch_size", 8)),
                                              key=f"{prefix}-max-batch")
     if kind == "fixed":
-        policy["batch_size"] = st.slider("batch size", 1, 64, int(d.get("batch_size", 8)),
+        policy["batch_size"] = st.slider(t("batch size"), 1, 64, int(d.get("batch_size", 8)),
                                          key=f"{prefix}-batch")
-        policy["timeout_ms"] = st.number_input("flush a partial batch after (ms)", 0.0, 10_000.0,
+        policy["timeout_ms"] = st.number_input(t("flush a partial batch after (ms)"), 0.0, 10_000.0,
                                                float(d.get("timeout_ms", 20.0)),
                                                key=f"{prefix}-timeout")
     if kind == "dynamic":
-        policy["max_wait_ms"] = st.slider("max wait (ms)", 0.0, 100.0,
+        policy["max_wait_ms"] = st.slider(t("max wait (ms)"), 0.0, 100.0,
                                           float(d.get("max_wait_ms", 5.0)), 0.5,
                                           key=f"{prefix}-wait")
-        policy["timer"] = st.radio("timer starts", ["request", "first"], horizontal=True,
+        policy["timer"] = st.radio(t("timer starts"), ["request", "first"], horizontal=True,
                                    index=["request", "first"].index(d.get("timer", "request")),
                                    key=f"{prefix}-timer",
                                    help="request: from each request's enqueue (Triton); first: "
                                         "from the first request taken (Ray Serve, TorchServe)")
     if kind == "aimd":
-        policy["slo_ms"] = st.number_input("batch latency objective (ms)", 1.0, 10_000.0,
+        policy["slo_ms"] = st.number_input(t("batch latency objective (ms)"), 1.0, 10_000.0,
                                            float(d.get("slo_ms", 100.0)), key=f"{prefix}-aimd")
     return policy
 
@@ -44,38 +47,38 @@ def policy_widgets(prefix: str, defaults: dict[str, Any] | None = None) -> dict[
 def workload_widgets(prefix: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """Widgets for a workload; returns its scenario section."""
     d = defaults or {}
-    kind = st.selectbox("arrivals", WORKLOAD_KINDS,
+    kind = st.selectbox(t("arrivals"), WORKLOAD_KINDS,
                         index=WORKLOAD_KINDS.index(d.get("kind", "poisson")),
                         key=f"{prefix}-workload-kind")
     workload: dict[str, Any] = {"kind": kind,
-                                "duration_s": st.slider("duration (s)", 5, 600,
+                                "duration_s": st.slider(t("duration (s)"), 5, 600,
                                                         int(d.get("duration_s", 60)),
                                                         key=f"{prefix}-duration")}
     if kind in ("poisson", "gamma", "constant", "sinusoid"):
-        workload["rate_rps"] = st.number_input("rate (req/s)", 0.1, 100_000.0,
+        workload["rate_rps"] = st.number_input(t("rate (req/s)"), 0.1, 100_000.0,
                                                float(d.get("rate_rps", 40.0)),
                                                key=f"{prefix}-rate")
     if kind == "gamma":
-        workload["cv"] = st.slider("burstiness (CV of gaps)", 0.25, 8.0, float(d.get("cv", 2.0)),
+        workload["cv"] = st.slider(t("burstiness (CV of gaps)"), 0.25, 8.0, float(d.get("cv", 2.0)),
                                    0.25, key=f"{prefix}-cv")
     if kind == "sinusoid":
-        workload["amplitude"] = st.slider("amplitude (share of the mean rate)", 0.0, 1.0,
+        workload["amplitude"] = st.slider(t("amplitude (share of the mean rate)"), 0.0, 1.0,
                                           float(d.get("amplitude", 0.8)), 0.05,
                                           key=f"{prefix}-amp")
-        workload["period_s"] = st.number_input("period (s): a 'day'", 1.0, 86_400.0,
+        workload["period_s"] = st.number_input(t("period (s): a 'day'"), 1.0, 86_400.0,
                                                float(d.get("period_s", 120.0)),
                                                key=f"{prefix}-period")
     if kind == "mmpp":
-        high = st.number_input("burst rate (req/s)", 0.1, 100_000.0,
+        high = st.number_input(t("burst rate (req/s)"), 0.1, 100_000.0,
                                float(d.get("rates_rps", [100.0, 10.0])[0]), key=f"{prefix}-hi")
-        low = st.number_input("quiet rate (req/s)", 0.0, 100_000.0,
+        low = st.number_input(t("quiet rate (req/s)"), 0.0, 100_000.0,
                               float(d.get("rates_rps", [100.0, 10.0])[1]), key=f"{prefix}-lo")
-        dwell = st.slider("mean state duration (s)", 0.1, 30.0, 2.0, key=f"{prefix}-dwell")
+        dwell = st.slider(t("mean state duration (s)"), 0.1, 30.0, 2.0, key=f"{prefix}-dwell")
         workload.update({"rates_rps": [high, low], "mean_dwell_s": dwell})
     if kind == "closed":
-        workload["clients"] = st.slider("clients", 1, 256, int(d.get("clients", 8)),
+        workload["clients"] = st.slider(t("clients"), 1, 256, int(d.get("clients", 8)),
                                         key=f"{prefix}-clients")
-        workload["think_ms"] = st.number_input("think time (ms)", 0.0, 60_000.0,
+        workload["think_ms"] = st.number_input(t("think time (ms)"), 0.0, 60_000.0,
                                                float(d.get("think_ms", 100.0)),
                                                key=f"{prefix}-think")
     return workload
@@ -89,39 +92,38 @@ def autoscaling_widgets(kind: str, defaults: dict[str, Any] | None = None
     d = defaults or {}
     zero = kind == "concurrency"
     out: dict[str, Any] = {"kind": kind}
-    lo, hi = st.slider("replicas (min, max)", 0, 16,
+    lo, hi = st.slider(t("replicas (min, max)"), 0, 16,
                        (int(d.get("min_replicas", 0 if zero else 1)),
                         int(d.get("max_replicas", 4))), key=f"scaling-{kind}-bounds")
     out.update({"min_replicas": lo, "max_replicas": max(hi, 1)})
-    out["cold_start_s"] = st.number_input(
-        "cold start (s) when the profile has none", 0.0, 600.0,
+    out["cold_start_s"] = st.number_input(t("cold start (s) when the profile has none"), 0.0, 600.0,
         float(d.get("cold_start_s", 5.0)), key=f"scaling-{kind}-cold",
         help="Load weights, move to the device, first forward; used when the profile was "
              "calibrated without --load-reps")
     if kind == "target":
         out["target_ongoing_requests"] = st.number_input(
-            "target ongoing requests per replica", 0.1, 1000.0,
+            t("target ongoing requests per replica"), 0.1, 1000.0,
             float(d.get("target_ongoing_requests", 2.0)), key="scaling-target-t")
-        out["upscale_delay_s"] = st.slider("upscale delay (s)", 0.0, 120.0,
+        out["upscale_delay_s"] = st.slider(t("upscale delay (s)"), 0.0, 120.0,
                                            float(d.get("upscale_delay_s", 5.0)),
                                            key="scaling-target-up")
-        out["downscale_delay_s"] = st.slider("downscale delay (s)", 0.0, 600.0,
+        out["downscale_delay_s"] = st.slider(t("downscale delay (s)"), 0.0, 600.0,
                                              float(d.get("downscale_delay_s", 30.0)),
                                              key="scaling-target-down")
-        out["look_back_period_s"] = st.slider("look-back period (s)", 0.5, 60.0,
+        out["look_back_period_s"] = st.slider(t("look-back period (s)"), 0.5, 60.0,
                                               float(d.get("look_back_period_s", 5.0)),
                                               key="scaling-target-look")
     else:
         out["target_concurrency"] = st.number_input(
-            "target concurrency per replica", 0.1, 1000.0,
+            t("target concurrency per replica"), 0.1, 1000.0,
             float(d.get("target_concurrency", 2.0)), key="scaling-kpa-t")
-        out["stable_window_s"] = st.slider("stable window (s)", 1.0, 300.0,
+        out["stable_window_s"] = st.slider(t("stable window (s)"), 1.0, 300.0,
                                            float(d.get("stable_window_s", 30.0)),
                                            key="scaling-kpa-stable")
         out["panic_window_s"] = min(out["stable_window_s"], st.slider(
-            "panic window (s)", 0.5, 60.0, float(d.get("panic_window_s", 3.0)),
+            t("panic window (s)"), 0.5, 60.0, float(d.get("panic_window_s", 3.0)),
             key="scaling-kpa-panic"))
         out["scale_to_zero_grace_s"] = st.slider(
-            "scale-to-zero grace (s)", 0.0, 300.0, float(d.get("scale_to_zero_grace_s", 10.0)),
-            key="scaling-kpa-grace")
+            t("scale-to-zero grace (s)"), 0.0, 300.0,
+            float(d.get("scale_to_zero_grace_s", 10.0)), key="scaling-kpa-grace")
     return out

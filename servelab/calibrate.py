@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -84,25 +85,33 @@ def run_calibration(*, model: str, device: str, dtype: str, threads: int | None,
     return result.profile
 
 
+def _ms(value: float) -> str:
+    """Milliseconds to four significant figures (at least one decimal): fits the column."""
+    v = abs(value)
+    return f"{value:.{3 if v < 10 else 2 if v < 100 else 1 if v < 1000 else 0}f}"
+
+
 def show(profile: LatencyProfile, console: Console, title: str | None = None) -> None:
-    """Print a profile's per-size table."""
+    """Print a profile's per-size table (fits 80 columns; a cell that would not fits by
+    wrapping, never by an ellipsis).
+    """
     meta = profile.meta
     table = Table(title=title or f"{profile.name} — {meta.get('dtype')}, "
                   f"{meta.get('threads')} threads, torch {meta.get('torch_version')}"
-                  f"{' — SYNTHETIC' if meta.get('synthetic') else ''}")
-    for col in ("batch", "n", "median ms", "±se %", "p5 ms", "p95 ms", "p99 ms", "CV",
-                "ms/item", "items/s"):
-        table.add_column(col, justify="right")
+                  f"{' — SYNTHETIC' if meta.get('synthetic') else ''}",
+                  box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="times in ms; ±se%: standard error of the median; per item: "
+                          "median / batch")
+    for col in ("batch", "n", "median", "±se%", "p5", "p95", "p99", "CV", "per item",
+                "items/s"):
+        table.add_column(col, justify="right", overflow="fold")
     for row in profile_summary(profile):
         b = row["batch_size"]
-        table.add_row(str(b), str(row["n"]), f"{row['median_ms']:.3f}",
-                      f"{row['se_median_pct']:.1f}", f"{row['p5_ms']:.3f}",
-                      f"{row['p95_ms']:.3f}", f"{row['p99_ms']:.3f}", f"{row['cv']:.3f}",
-                      f"{row['median_ms'] / b:.3f}", f"{b / row['median_ms'] * 1e3:,.0f}")
-    # never cut a number to fit a narrow terminal: the table takes the width it needs
-    wide = Console(file=console.file, width=max(console.width, 112),
-                   force_terminal=console.is_terminal, no_color=console.no_color)
-    wide.print(table)
+        table.add_row(str(b), str(row["n"]), _ms(row["median_ms"]),
+                      f"{row['se_median_pct']:.1f}", _ms(row["p5_ms"]), _ms(row["p95_ms"]),
+                      _ms(row["p99_ms"]), f"{row['cv']:.3f}", _ms(row["median_ms"] / b),
+                      f"{b / row['median_ms'] * 1e3:,.0f}")
+    console.print(table)
     fit = meta.get("fit")
     if fit:
         console.print(f"fit: {json.dumps(fit)}")

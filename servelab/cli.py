@@ -776,23 +776,25 @@ def dashboard_cmd(
 ) -> None:
     """Start the Streamlit dashboard (no browser is opened when there is no display)."""
     import os
-    import subprocess
     from importlib import resources
     from importlib.util import find_spec
 
+    from servelab.dashboard_proc import run_server
+
     if find_spec("streamlit") is None:
         fail("the dashboard needs streamlit: pip install 'servelab[dashboard]'")
+    from dashboard.i18n import THEME_FONT
+
     app_path = str(resources.files("dashboard") / "app.py")
     headless = sys.platform.startswith("linux") and not (
         os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
     cmd = [sys.executable, "-m", "streamlit", "run", app_path, "--server.port", str(port),
            "--server.address", address, "--server.headless", str(headless).lower(),
-           "--browser.gatherUsageStats", "false"]
+           "--browser.gatherUsageStats", "false",
+           # the bundled CJK font: served from dashboard/static, used after Source Sans
+           "--server.enableStaticServing", "true", "--theme.font", THEME_FONT]
     console.print(f"servelab dashboard on http://{address}:{port} (Ctrl-C to stop)")
-    try:
-        raise typer.Exit(subprocess.call(cmd))
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+    raise typer.Exit(run_server(cmd))
 
 
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect latency profiles.")

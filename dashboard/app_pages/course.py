@@ -1,13 +1,13 @@
-"""Course: interactive lessons on serving trade-offs (English / 中文)."""
+"""Course: interactive lessons on serving trade-offs (English / 中文, the sidebar's switch)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard.lessons import LANGS, LESSONS
+from dashboard.i18n import current
+from dashboard.lessons import LESSONS
 
-language = st.radio("language / 语言", list(LANGS), horizontal=True, key="course-lang")
-lang = LANGS[language]
+lang = current()
 st.title("Course" if lang == "en" else "课程")
 titles = [lesson.title[lang] for lesson in LESSONS]
 choice = st.selectbox("lesson" if lang == "en" else "课", titles, key="course-lesson")

@@ -9,6 +9,7 @@ import streamlit as st
 import yaml
 
 from dashboard import figures
+from dashboard.i18n import chart, frame, t
 from dashboard.state import fmt, parse_upload, profile_choice, run_scenario
 from dashboard.widgets import autoscaling_widgets, policy_widgets, workload_widgets
 from sim.metrics.stability import stability_warning
@@ -18,10 +19,10 @@ DEFAULT_CLASSES = [
     {"name": "batch", "share": 0.8, "priority": 1, "slo_ms": 1000.0},
 ]
 
-st.title("Explore")
-st.caption("Pick a profile, arrivals and a policy; everything re-simulates as you move a knob.")
+st.title(t("Explore"))
+st.caption(t("Pick a profile, arrivals and a policy; everything re-simulates as you move a knob."))
 
-restore = st.file_uploader("restore a scenario (YAML)", type=["yaml", "yml"], key="restore")
+restore = st.file_uploader(t("restore a scenario (YAML)"), type=["yaml", "yml"], key="restore")
 loaded: dict[str, Any] = {}
 if restore is not None:
     try:
@@ -38,32 +39,32 @@ with left:
                              default=(loaded.get("service") or {}).get("path"))
     workload = workload_widgets("explore", loaded.get("workload"))
     policy = policy_widgets("explore", loaded.get("policy"))
-    with st.expander("queue, replicas, SLO"):
-        max_len = st.number_input("queue bound (0 = none)", 0, 100_000,
+    with st.expander(t("queue, replicas, SLO")):
+        max_len = st.number_input(t("queue bound (0 = none)"), 0, 100_000,
                                   int((loaded.get("queue") or {}).get("max_len") or 0),
                                   key="explore-maxlen")
-        timeout = st.number_input("request timeout ms (0 = none)", 0.0, 600_000.0,
+        timeout = st.number_input(t("request timeout ms (0 = none)"), 0.0, 600_000.0,
                                   float((loaded.get("queue") or {}).get("timeout_ms") or 0.0),
                                   key="explore-timeout")
-        replicas = st.slider("replicas", 1, 32, int(loaded.get("replicas", 1)),
+        replicas = st.slider(t("replicas"), 1, 32, int(loaded.get("replicas", 1)),
                              key="explore-replicas")
         routings = ["shared", "round_robin", "random", "jsq", "p2c", "least_work"]
-        routing = st.selectbox("routing", routings,
+        routing = st.selectbox(t("routing"), routings,
                                index=routings.index(loaded.get("routing", "shared"))
                                if loaded.get("routing", "shared") in routings else 0,
                                key="explore-routing")
-        slo_ms = st.number_input("SLO (ms)", 1.0, 600_000.0, float(loaded.get("slo_ms") or 250),
+        slo_ms = st.number_input(t("SLO (ms)"), 1.0, 600_000.0, float(loaded.get("slo_ms") or 250),
                                  key="explore-slo")
-        seed = st.number_input("seed", 0, 1_000_000, int(loaded.get("seed", 7)),
+        seed = st.number_input(t("seed"), 0, 1_000_000, int(loaded.get("seed", 7)),
                                key="explore-seed")
-    with st.expander("request classes and queue discipline"):
+    with st.expander(t("request classes and queue discipline")):
         disciplines = ["fifo", "priority", "edf"]
         loaded_discipline = (loaded.get("queue") or {}).get("discipline", "fifo")
-        discipline = st.selectbox("queue discipline", disciplines,
+        discipline = st.selectbox(t("queue discipline"), disciplines,
                                   index=disciplines.index(loaded_discipline)
                                   if loaded_discipline in disciplines else 0,
                                   key="explore-discipline")
-        use_classes = st.checkbox("request classes (share, priority, own SLO)",
+        use_classes = st.checkbox(t("request classes (share, priority, own SLO)"),
                                   bool(loaded.get("classes")), key="explore-use-classes")
         classes: list[dict[str, Any]] = []
         if use_classes:
@@ -73,16 +74,16 @@ with left:
             classes = [{str(k): (None if pd.isna(v) else v) for k, v in row.items()}
                        for row in edited.to_dict("records") if row.get("name")]
 
-    with st.expander("autoscaling and cold starts"):
+    with st.expander(t("autoscaling and cold starts")):
         scaling_loaded = loaded.get("autoscaling") or {}
         kinds = ["off", "target", "concurrency"]
         scaling_kind = st.selectbox(
-            "autoscaler", kinds, index=kinds.index(scaling_loaded.get("kind", "off"))
+            t("autoscaler"), kinds, index=kinds.index(scaling_loaded.get("kind", "off"))
             if scaling_loaded.get("kind", "off") in kinds else 0, key="explore-scaling",
             help="target: Ray Serve's target_ongoing_requests; concurrency: Knative's KPA "
                  "(min replicas 0 = scale to zero). Off: the fixed replicas above.")
         autoscaling = autoscaling_widgets(scaling_kind, scaling_loaded)
-        price = st.number_input("price per replica-hour (USD)", 0.0, 1000.0,
+        price = st.number_input(t("price per replica-hour (USD)"), 0.0, 1000.0,
                                 float(loaded.get("price_per_replica_hour") or 1.0),
                                 key="explore-price")
 
@@ -110,37 +111,38 @@ with right:
         s = result.summary
         warning = stability_warning(s)
         if warning:
-            st.warning(f"This run is {warning}", icon="⚠️")
+            st.warning(f"{t('This run is')} {warning}", icon="⚠️")
         cards = st.columns(5)
-        cards[0].metric("throughput (req/s)", fmt(s["throughput_rps"], 1))
-        cards[1].metric("P50 latency", fmt(s["latency_ms"]["p50"], 1, " ms"))
-        cards[2].metric("P95 latency", fmt(s["latency_ms"]["p95"], 1, " ms"))
-        cards[3].metric("P99 latency", fmt(s["latency_ms"]["p99"], 1, " ms"))
-        cards[4].metric("error rate", fmt(100 * s["error_rate"], 2, " %"))
+        cards[0].metric(t("throughput (req/s)"), fmt(s["throughput_rps"], 1))
+        cards[1].metric(t("P50 latency"), fmt(s["latency_ms"]["p50"], 1, " ms"))
+        cards[2].metric(t("P95 latency"), fmt(s["latency_ms"]["p95"], 1, " ms"))
+        cards[3].metric(t("P99 latency"), fmt(s["latency_ms"]["p99"], 1, " ms"))
+        cards[4].metric(t("error rate"), fmt(100 * s["error_rate"], 2, " %"))
         second = st.columns(4)
-        second[0].metric("device utilisation", fmt(100 * s["utilization"], 1, " %"))
-        second[1].metric("mean batch", fmt(s["mean_batch_size"], 2))
-        second[2].metric("batch utilisation", fmt(100 * s["batch_utilization"], 1, " %"))
-        second[3].metric("queue length p95", fmt(s["queue_len"]["p95"], 0))
+        second[0].metric(t("device utilisation"), fmt(100 * s["utilization"], 1, " %"))
+        second[1].metric(t("mean batch"), fmt(s["mean_batch_size"], 2))
+        second[2].metric(t("batch utilisation"), fmt(100 * s["batch_utilization"], 1, " %"))
+        second[3].metric(t("queue length p95"), fmt(s["queue_len"]["p95"], 0))
         third = st.columns(4)
-        third[0].metric("replicas (mean)", fmt(s["replica_seconds"] / s["window_s"], 2)
+        third[0].metric(t("replicas (mean)"), fmt(s["replica_seconds"] / s["window_s"], 2)
                         if s["window_s"] else "–")
-        third[1].metric("cost per million", fmt(s["cost_per_million_usd"], 2, " USD"))
-        third[2].metric("cold starts", fmt(s["cold_starts"], 0))
-        third[3].metric("waited on a cold start", fmt(s["cold_start_waits"], 0))
+        third[1].metric(t("cost per million"), fmt(s["cost_per_million_usd"], 2, " USD"))
+        third[2].metric(t("cold starts"), fmt(s["cold_starts"], 0))
+        third[3].metric(t("waited on a cold start"), fmt(s["cold_start_waits"], 0))
         if s.get("classes"):
-            st.markdown("**per request class** (a class whose P99 or error rate runs away is "
-                        "being starved)")
-            st.dataframe(figures.class_table(s, scenario.get("classes", [])), hide_index=True)
+            st.markdown(t("**per request class** (a class whose P99 or error rate runs away "
+                          "is being starved)"))
+            st.dataframe(frame(figures.class_table(s, scenario.get("classes", []))),
+                         hide_index=True)
         runs = {"this scenario": result}
         a, b = st.columns(2)
-        a.plotly_chart(figures.latency_cdf(runs))
-        b.plotly_chart(figures.percentile_bars(runs))
-        st.plotly_chart(figures.latency_and_replicas(runs))
-        st.plotly_chart(figures.queue_over_time(result))
+        chart(figures.latency_cdf(runs), a)
+        chart(figures.percentile_bars(runs), b)
+        chart(figures.latency_and_replicas(runs))
+        chart(figures.queue_over_time(result))
         a, b, c = st.columns(3)
-        a.plotly_chart(figures.batch_histogram(result))
-        b.plotly_chart(figures.replica_utilization(result))
-        c.plotly_chart(figures.latency_split(result))
-        st.download_button("download this scenario (YAML)", result.scenario.to_yaml(),
+        chart(figures.batch_histogram(result), a)
+        chart(figures.replica_utilization(result), b)
+        chart(figures.latency_split(result), c)
+        st.download_button(t("download this scenario (YAML)"), result.scenario.to_yaml(),
                            file_name="scenario.yaml", mime="application/x-yaml")

@@ -4,16 +4,32 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
 from dashboard import figures
+from dashboard.estimates import fmt_ci, quantile_ci
+from dashboard.i18n import chart, frame, t
 from dashboard.state import fmt, run_llm_scenario
 
-st.title("LLM serving")
-st.caption("Continuous batching simulated step by step: token budgets, a paged KV cache, "
-           "preemption; TTFT, TPOT and where the knee is. Every scheduler sees the same "
-           "requests.")
+# A short default horizon answers a knob within a second; the cards show each percentile's
+# interval so the estimate reads as one (benchmarks/dashboard_speed.py measures it).
+DEFAULT_REQUESTS = 300
+REQUESTS_HELP = ("Requests simulated per run. The default 300 answers a knob in about a "
+                 "second; more requests narrow the confidence intervals and take longer "
+                 "(about 1 s per 500 requests and scheduler on one core).")
+HORIZON_NOTE = ("Simulated on {n} requests: the percentiles are estimates, with their 95% "
+                "order-statistic interval under each card (it treats requests as "
+                "independent; queueing correlates them, so the real spread is wider). Raise "
+                "'requests' for tighter numbers.")
+SWEEP_NOTE = ("Offered load around {rate:.2f} req/s × the factors. × marks the knee; "
+              "hollow red-edged markers are unstable runs.")
+
+st.title(t("LLM serving"))
+st.caption(t("Continuous batching simulated step by step: token budgets, a paged KV cache, "
+             "preemption; TTFT, TPOT and where the knee is. Every scheduler sees the same "
+             "requests."))
 
 STEP_MODELS = {
     "8B-class GPU (linear, builtin:llm-demo)": {
@@ -36,12 +52,13 @@ SCHEDULERS: dict[str, dict[str, Any]] = {
 
 left, right = st.columns([1, 3])
 with left:
-    model_name = st.selectbox("step model", list(STEP_MODELS), key="llm-model")
-    source = st.radio("requests", ["Azure conversation trace", "token-length distributions"],
-                      key="llm-source")
-    n_requests = st.slider("requests", 200, 5000, 1500, step=100, key="llm-requests")
+    model_name = st.selectbox(t("step model"), list(STEP_MODELS), key="llm-model")
+    sources = ["Azure conversation trace", "token-length distributions"]
+    source = st.radio(t("request source"), sources, format_func=t, key="llm-source")
+    n_requests = st.slider(t("requests"), 100, 5000, DEFAULT_REQUESTS, step=100,
+                           key="llm-requests", help=t(REQUESTS_HELP))
     if source == "Azure conversation trace":
-        scale = st.slider("rate × the trace's (5.5 req/s)", 0.1, 4.0, 1.0, step=0.1,
+        scale = st.slider(t("rate × the trace's (5.5 req/s)"), 0.1, 4.0, 1.0, step=0.1,
                           key="llm-scale")
         workload: dict[str, Any] = {
             "kind": "trace", "path": "builtin:azure_llm_2023_conv.csv", "rate_scale": scale,
@@ -49,22 +66,22 @@ with left:
             "n_requests": n_requests}
         base_rate = 5.5 * scale
     else:
-        rate = st.number_input("rate (req/s)", 0.1, 1000.0, 4.0, key="llm-rate")
-        prompt = st.number_input("prompt tokens (mean)", 1, 16000, 600, key="llm-prompt")
-        output = st.number_input("output tokens (mean)", 1, 4000, 150, key="llm-output")
-        cv = st.slider("length CV (lognormal)", 0.1, 3.0, 1.0, key="llm-cv")
+        rate = st.number_input(t("rate (req/s)"), 0.1, 1000.0, 4.0, key="llm-rate")
+        prompt = st.number_input(t("prompt tokens (mean)"), 1, 16000, 600, key="llm-prompt")
+        output = st.number_input(t("output tokens (mean)"), 1, 4000, 150, key="llm-output")
+        cv = st.slider(t("length CV (lognormal)"), 0.1, 3.0, 1.0, key="llm-cv")
         workload = {"kind": "poisson", "rate_rps": float(rate), "n_requests": n_requests,
                     "prompt_tokens": {"dist": "lognormal", "mean": float(prompt), "cv": cv},
                     "output_tokens": {"dist": "lognormal", "mean": float(output), "cv": cv}}
         base_rate = float(rate)
-    chosen = st.multiselect("schedulers (2–4)", list(SCHEDULERS),
+    chosen = st.multiselect(t("schedulers (2–4)"), list(SCHEDULERS),
                             default=["vllm, chunked prefill (512)", "static (batch 8)"],
                             max_selections=4, key="llm-schedulers")
-    with st.expander("KV cache and limits"):
+    with st.expander(t("KV cache and limits")):
         blocks = st.number_input("num_gpu_blocks", 16, 1_000_000, 8192, key="llm-blocks")
         max_seqs = st.number_input("max_num_seqs", 1, 1024, 64, key="llm-seqs")
-        ttft_slo = st.number_input("TTFT SLO (ms)", 1.0, 600_000.0, 1000.0, key="llm-ttft")
-        tpot_slo = st.number_input("TPOT SLO (ms)", 1.0, 10_000.0, 60.0, key="llm-tpot")
+        ttft_slo = st.number_input(t("TTFT SLO (ms)"), 1.0, 600_000.0, 1000.0, key="llm-ttft")
+        tpot_slo = st.number_input(t("TPOT SLO (ms)"), 1.0, 10_000.0, 60.0, key="llm-tpot")
 
 
 def scenario(policy: dict[str, Any], factor: float = 1.0) -> dict[str, Any]:
@@ -84,27 +101,52 @@ def scenario(policy: dict[str, Any], factor: float = 1.0) -> dict[str, Any]:
             "slo": {"ttft_ms": float(ttft_slo), "tpot_ms": float(tpot_slo)}}
 
 
+def ttft_tpot_ms(result: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per-request TTFT and TPOT (ms) of the ok requests (for the intervals)."""
+    req = result.requests
+    ok = (req["status"].astype(str) == "ok").to_numpy()
+    first, arrival = req["first_token_s"].to_numpy(), req["arrival_s"].to_numpy()
+    finish, out = req["finish_s"].to_numpy(), req["output_tokens"].to_numpy()
+    multi = ok & (out > 1)
+    return ((first - arrival)[ok] * 1e3,
+            (finish - first)[multi] / (out[multi] - 1) * 1e3)
+
+
+def card(where: Any, label: str, value: float, samples: np.ndarray, q: float,
+         digits: int) -> None:
+    """A KPI card with the percentile's 95% order-statistic interval underneath."""
+    low, high = quantile_ci(samples, q)
+    where.metric(t(label), fmt(value, digits, " ms"))
+    where.caption(fmt_ci(low, high, digits))
+
+
 with right:
     if len(chosen) < 1:
-        st.info("Pick at least one scheduler.")
+        st.info(t("Pick at least one scheduler."))
         st.stop()
-    results = {name: run_llm_scenario(scenario(SCHEDULERS[name])) for name in chosen}
-    results = {k: v for k, v in results.items() if v is not None}
-    if not results:
+    first_name = chosen[0]
+    first = run_llm_scenario(scenario(SCHEDULERS[first_name]))
+    if first is None:
         st.stop()
-    first_name, first = next(iter(results.items()))
     s = first.summary
+    ttft, tpot = ttft_tpot_ms(first)
     st.markdown(f"**{first_name}**")
     cards = st.columns(6)
-    cards[0].metric("TTFT P50", fmt(s["ttft_ms"]["p50"], 0, " ms"))
-    cards[1].metric("TTFT P99", fmt(s["ttft_ms"]["p99"], 0, " ms"))
-    cards[2].metric("TPOT P50", fmt(s["tpot_ms"]["p50"], 1, " ms"))
-    cards[3].metric("TPOT P99", fmt(s["tpot_ms"]["p99"], 1, " ms"))
-    cards[4].metric("output tokens/s", fmt(s["output_tokens_per_s"], 0))
-    cards[5].metric("preemptions", str(s["preemptions"]))
+    card(cards[0], "TTFT P50", s["ttft_ms"]["p50"], ttft, 0.5, 0)
+    card(cards[1], "TTFT P99", s["ttft_ms"]["p99"], ttft, 0.99, 0)
+    card(cards[2], "TPOT P50", s["tpot_ms"]["p50"], tpot, 0.5, 1)
+    card(cards[3], "TPOT P99", s["tpot_ms"]["p99"], tpot, 0.99, 1)
+    cards[4].metric(t("output tokens/s"), fmt(s["output_tokens_per_s"], 0))
+    cards[5].metric(t("preemptions"), str(s["preemptions"]))
+    st.caption(t(HORIZON_NOTE).format(n=n_requests))
     if s["stability"]["verdict"] != "stable":
-        st.warning(f"This run is {s['stability']['verdict']}: {s['stability']['reason']}",
-                   icon="⚠️")
+        st.warning(f"{t('This run is')} {t(s['stability']['verdict'])}: "
+                   f"{s['stability']['reason']}", icon="⚠️")
+    results = {first_name: first}
+    for name in chosen[1:]:
+        result = run_llm_scenario(scenario(SCHEDULERS[name]))
+        if result is not None:
+            results[name] = result
     table = pd.DataFrame([{
         "scheduler": name, "TTFT P50 (ms)": round(r.summary["ttft_ms"]["p50"], 1),
         "TTFT P99 (ms)": round(r.summary["ttft_ms"]["p99"], 1),
@@ -115,14 +157,19 @@ with right:
         "preemptions": r.summary["preemptions"],
         "KV util (mean)": round(r.summary["kv_cache_utilization"]["mean"] or 0.0, 3),
         "verdict": r.summary["stability"]["verdict"]} for name, r in results.items()])
-    st.dataframe(table, hide_index=True)
-    factors = st.multiselect("load sweep (× the load above)", [0.25, 0.5, 0.75, 1.0, 1.5, 2.0,
-                                                                3.0],
+    st.dataframe(frame(table), hide_index=True)
+    a, b = st.columns(2)
+    chart(figures.kv_and_running(first.steps, first.meta.get("num_gpu_blocks")), a)
+    chart(figures.step_composition(first.steps), b)
+    st.subheader(t("over a load sweep"))
+    factors = st.multiselect(t("load sweep (× the load above)"),
+                             [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
                              default=[0.25, 0.5, 1.0, 1.5, 2.0], key="llm-factors")
     rows = []
     for name in results:
         for factor in sorted(factors):
-            r = run_llm_scenario(scenario(SCHEDULERS[name], factor))
+            r = results[name] if factor == 1.0 else run_llm_scenario(
+                scenario(SCHEDULERS[name], factor))
             if r is None:
                 continue
             rows.append({"config": name, "offered_rps": r.summary["offered_rps"],
@@ -132,9 +179,5 @@ with right:
                          "tpot_ms.p99": r.summary["tpot_ms"]["p99"],
                          "verdict": r.summary["stability"]["verdict"]})
     if rows:
-        st.plotly_chart(figures.llm_load_curves(pd.DataFrame(rows)))
-        st.caption(f"Offered load around {base_rate:.2f} req/s × the factors. × marks the "
-                   "knee; hollow red-edged markers are unstable runs.")
-    a, b = st.columns(2)
-    a.plotly_chart(figures.kv_and_running(first.steps, first.meta.get("num_gpu_blocks")))
-    b.plotly_chart(figures.step_composition(first.steps))
+        chart(figures.llm_load_curves(pd.DataFrame(rows)))
+        st.caption(t(SWEEP_NOTE).format(rate=base_rate))

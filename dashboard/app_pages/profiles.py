@@ -18,16 +18,17 @@ from calibration.profile import (
     profile_summary,
 )
 from calibration.report import profile_figure
+from dashboard.i18n import chart, t
 from dashboard.state import parse_upload
 
-st.title("Calibration profiles")
+st.title(t("Calibration profiles"))
 st.caption("Latency of one batch against batch size, as measured (median with p5–p95 band), "
            "the throughput it gives, and what each item costs.")
 
 names = [f"builtin:{n}" for n in builtin_profiles()]
-chosen = st.multiselect("profiles", names, default=[n for n in names if "cpu" in n][:2],
+chosen = st.multiselect(t("profiles"), names, default=[n for n in names if "cpu" in n][:2],
                         key="calibration-profiles")
-uploads = st.file_uploader("or upload profile JSON files", type=["json"],
+uploads = st.file_uploader(t("or upload profile JSON files"), type=["json"],
                            accept_multiple_files=True, key="calibration-upload")
 profiles: list[LatencyProfile] = []
 labels: list[str] = []
@@ -48,7 +49,7 @@ for upload in uploads or []:
 if not profiles:
     st.info("Pick at least one profile.")
 else:
-    st.plotly_chart(profile_figure(profiles, labels))
+    chart(profile_figure(profiles, labels))
     for profile, name in zip(profiles, labels, strict=True):
         meta = profile.meta
         st.markdown(f"**{name}** — {profile.device.get('name', profile.device.get('kind'))}, "

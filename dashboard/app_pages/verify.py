@@ -9,10 +9,11 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import figures
+from dashboard.i18n import chart, t
 from sim.metrics.rundir import Result
 from sim.scenario.schema import load_scenario
 
-st.title("Verify: simulator vs the real model")
+st.title(t("Verify: simulator vs the real model"))
 st.caption("A `servelab compare` result: the same scenario simulated and run live; the "
            "prediction is good when its error is inside the live run-to-run spread.")
 
@@ -22,12 +23,12 @@ TARGETS = {"throughput_rps": 0.02, "latency_ms.p50": 0.02, "latency_ms.p99": 0.0
            "output_tokens_per_s": 0.02, "ttft_ms.p50": 0.05, "tpot_ms.p50": 0.05,
            "ttft_ms.p99": 0.10, "tpot_ms.p99": 0.10}
 
-folder = st.text_input("compare result directory", str(EXAMPLE), key="verify-dir")
+folder = st.text_input(t("compare result directory"), str(EXAMPLE), key="verify-dir")
 top = Path(folder)
 loads = sorted(top.glob("rho-*/compare.json"))
 path = top
 if loads:  # a `servelab compare --sweep` directory: one comparison per load
-    pick = st.selectbox("load", [p.parent.name for p in loads], key="verify-load")
+    pick = st.selectbox(t("load"), [p.parent.name for p in loads], key="verify-load")
     path = top / pick
 if not (path / "compare.json").is_file():
     st.error(f"No compare.json in {folder!r}. Run `servelab compare SCENARIO --out DIR` and "
@@ -100,9 +101,9 @@ if llm:
     fig.update_layout(title="TTFT CDF, sim vs live", xaxis_title="TTFT (ms)",
                       xaxis_type="log", yaxis_title="fraction of requests",
                       template="plotly", height=400)
-    st.plotly_chart(fig)
+    chart(fig)
     if (top / "fidelity.csv").is_file():
-        st.plotly_chart(figures.fidelity_curve(pd.read_csv(top / "fidelity.csv")))
+        chart(figures.fidelity_curve(pd.read_csv(top / "fidelity.csv")))
     st.stop()
 
 
@@ -123,7 +124,7 @@ if (path / "sim-1").is_dir():
         st.caption(f"probed simulation not shown: {exc}")
 for live_dir in sorted(path.glob("live-*")):
     runs[live_dir.name] = load_run(live_dir)
-st.plotly_chart(figures.latency_cdf(runs))
+chart(figures.latency_cdf(runs))
 fidelity = top / "fidelity.csv"
 if fidelity.is_file():
-    st.plotly_chart(figures.fidelity_curve(pd.read_csv(fidelity)))
+    chart(figures.fidelity_curve(pd.read_csv(fidelity)))

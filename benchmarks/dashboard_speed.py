@@ -1,0 +1,261 @@
+"""How fast the dashboard answers a knob, measured in headless Chromium.
+
+Starts ``servelab dashboard`` on a free local port, drives it with Debian's chromium through
+the ``playwright`` package (as tests/dashboard/test_e2e.py does) and times, per page:
+
+* the first load: from navigation until the page's first KPI card shows a number, and until
+  the script run has finished (no stale element, no "running" indicator);
+* knob moves: from the key press (a new value typed into a number input, or an arrow key on a
+  focused slider) until the KPI cards show new numbers ("answered") and until the whole run,
+  figures included, has finished ("settled"). Every move goes to a value not seen before in
+  the run, so no answer comes from the dashboard's cache.
+
+Targets (issue 31): a knob on Explore answered in <= 0.5 s, on the LLM page in <= 1 s, for the
+default scenarios. The machine's load average is printed beside the numbers: on a shared VM
+they vary from run to run.
+
+With ``--baseline REV`` the same cases also run against the dashboard of git revision REV
+(exported to a temporary directory, served on a second port), page by page in turn with the
+current code, so that both see the same machine load: on a shared VM only such a same-run
+comparison says whether a change made the dashboard faster.
+
+Usage: python benchmarks/dashboard_speed.py [--repeats 3] [--baseline REV] [--label NAME]
+Writes benchmarks/results/dashboard_speed[-LABEL].md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+TARGET_S = {"explore": 0.5, "llm": 1.0}
+
+# True once the script run has finished: no element is stale and the status widget is gone.
+SETTLED_JS = """() => !document.querySelector('[data-stale="true"]')
+  && !document.querySelector('[data-testid="stStatusWidgetRunningIcon"], '
+                             + '[data-testid="stStatusWidgetRunningManIcon"]')"""
+METRICS_JS = """() => Array.from(document.querySelectorAll('[data-testid="stMetricValue"]'))
+  .map(e => e.textContent).join('|')"""
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def export_revision(rev: str, into: Path) -> Path:
+    """The tree of git revision ``rev`` under ``into`` (``git archive``)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def start_server(port: int, root: Path = ROOT) -> subprocess.Popen[bytes]:
+    """``servelab dashboard`` of the tree ``root`` on ``port``, waiting until it answers its
+    health check.
+    """
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", "dashboard", "--port",
+                             str(port)], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+            return proc
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                stop_server(proc)
+                raise RuntimeError("the dashboard did not start") from None
+            time.sleep(0.3)
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """End the server and everything it started."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_answer(view: Any, before: str, timeout_s: float = 120.0) -> tuple[float, float]:
+    """Seconds (from now) until the KPI cards differ from ``before``, and until settled."""
+    t0 = time.perf_counter()
+    view.wait_for_function(f"(b) => ({METRICS_JS})() !== b && ({METRICS_JS})() !== ''",
+                           arg=before, polling="raf", timeout=timeout_s * 1e3)
+    answered = time.perf_counter() - t0
+    view.wait_for_function(SETTLED_JS, polling="raf", timeout=timeout_s * 1e3)
+    return answered, time.perf_counter() - t0
+
+
+def first_load(view: Any, url: str) -> tuple[float, float]:
+    """Seconds from navigation to the first KPI number, and to the settled page."""
+    t0 = time.perf_counter()
+    view.goto(url)
+    view.wait_for_selector('[data-testid="stMetricValue"]', timeout=180_000)
+    shown = time.perf_counter() - t0
+    time.sleep(0.3)  # let the run's later elements arrive before calling it settled
+    view.wait_for_function(SETTLED_JS, polling="raf", timeout=180_000)
+    return shown, time.perf_counter() - t0
+
+
+def settle(view: Any) -> str:
+    """Wait until the run has finished; return the KPI cards' text."""
+    time.sleep(0.5)
+    view.wait_for_function(SETTLED_JS, polling="raf", timeout=180_000)
+    return str(view.evaluate(METRICS_JS))
+
+
+def type_number(view: Any, label: str, value: float) -> None:
+    """Type ``value`` into the number input labelled ``label`` and commit it (Enter)."""
+    box = view.get_by_label(label, exact=True)
+    box.fill(f"{value:g}")
+    box.press("Enter")
+
+
+def slider_key(view: Any, label: str, key: str) -> None:
+    """Press ``key`` on the slider labelled ``label`` (one step)."""
+    thumb = view.get_by_role("slider", name=label)
+    thumb.focus()
+    thumb.press(key)
+
+
+def move(view: Any, action: Any) -> tuple[float, float]:
+    """Apply ``action`` to the settled page and time the answer."""
+    before = settle(view)
+    action()
+    return wait_answer(view, before)
+
+
+def measure(bases: dict[str, str], repeats: int) -> list[dict[str, Any]]:
+    """Every timed case against every server in ``bases`` (label -> URL), page by page in
+    turn; one row per (code, page, case) with each repeat's seconds.
+    """
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    rows: list[dict[str, Any]] = []
+
+    def record(code: str, page: str, case: str, times: list[tuple[float, float]]) -> None:
+        rows.append({"code": code, "page": page, "case": case,
+                     "answered_s": [round(a, 3) for a, _ in times],
+                     "settled_s": [round(s, 3) for _, s in times]})
+        print(f"{code:8} {page:8} {case:36} answered {[round(a, 2) for a, _ in times]} "
+              f"settled {[round(s, 2) for _, s in times]}", flush=True)
+
+    def explore(view: Any, code: str, base: str) -> None:
+        record(code, "explore", "first load", [first_load(view, f"{base}/")])
+        record(code, "explore", "rate (number input)",
+               [move(view, lambda i=i: type_number(view, "rate (req/s)", 41.0 + i))
+                for i in range(repeats)])
+        record(code, "explore", "max batch size (slider, one step)",
+               [move(view, lambda: slider_key(view, "max batch size", "ArrowRight"))
+                for _ in range(repeats)])
+        record(code, "explore", "max wait (slider, one step)",
+               [move(view, lambda: slider_key(view, "max wait (ms)", "ArrowRight"))
+                for _ in range(repeats)])
+
+    def llm(view: Any, code: str, base: str) -> None:
+        record(code, "llm", "first load", [first_load(view, f"{base}/llm")])
+        record(code, "llm", "rate scale (slider, one step)",
+               [move(view, lambda: slider_key(view, "rate × the trace's (5.5 req/s)",
+                                              "ArrowRight")) for _ in range(repeats)])
+        view.get_by_text("KV cache and limits").click()  # open the expander
+        record(code, "llm", "max_num_seqs (number input)",
+               [move(view, lambda i=i: type_number(view, "max_num_seqs", 8.0 + 2 * i))
+                for i in range(repeats)])
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update"])
+        views = {code: browser.new_page(viewport={"width": 1500, "height": 1100})
+                 for code in bases}
+        for page in (explore, llm):
+            for code, base in bases.items():
+                page(views[code], code, base)
+        browser.close()
+    return rows
+
+
+def write(rows: list[dict[str, Any]], label: str) -> None:
+    """The markdown table and the JSON next to it."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = f"-{label}" if label else ""
+    load = os.getloadavg()
+    meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(),
+            "python": platform.python_version(), "cpus": os.cpu_count(),
+            "loadavg_1min": round(load[0], 2), "label": label}
+    lines = [f"# Dashboard speed{f' ({label})' if label else ''}", "",
+             f"Headless Chromium against `servelab dashboard`, {meta['when']}, "
+             f"{meta['cpus']} CPUs, load average {meta['loadavg_1min']} at the end (a shared "
+             "VM: absolute times vary between runs; rows of one run share its load). "
+             "*answered*: the KPI cards show the new numbers; *settled*: the whole run, "
+             "figures included, has finished. Targets: Explore <= 0.5 s, LLM <= 1 s per knob "
+             "move (on the median of *answered*).", "",
+             "| code | page | case | answered median (s) | answered max (s) | settled median "
+             "(s) | target (s) | met |", "|---|---|---|---:|---:|---:|---:|:---:|"]
+    for row in sorted(rows, key=lambda r: (r["page"], r["case"], r["code"] != "current")):
+        answered, settled = row["answered_s"], row["settled_s"]
+        first = row["case"] == "first load"
+        target = TARGET_S[row["page"]]
+        met = "—" if first else ("yes" if statistics.median(answered) <= target else "no")
+        lines.append(f"| {row['code']} | {row['page']} | {row['case']} | "
+                     f"{statistics.median(answered):.2f} | {max(answered):.2f} | "
+                     f"{statistics.median(settled):.2f} | {'—' if first else target} | {met} |")
+    (RESULTS / f"dashboard_speed{suffix}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"dashboard_speed{suffix}.json").write_text(
+        json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    """Run the benchmark and write its results."""
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="moves per case")
+    parser.add_argument("--baseline", default=None,
+                        help="also time this git revision's dashboard, in turn with this one")
+    parser.add_argument("--label", default="", help="suffix of the result files")
+    args = parser.parse_args()
+    servers: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="servelab-baseline-") as tmp:
+        try:
+            bases: dict[str, str] = {}
+            if args.baseline:
+                port = free_port()
+                servers.append(start_server(port, export_revision(args.baseline, Path(tmp))))
+                bases[f"{args.baseline}"] = f"http://127.0.0.1:{port}"
+            port = free_port()
+            servers.append(start_server(port))
+            bases["current"] = f"http://127.0.0.1:{port}"
+            rows = measure(bases, args.repeats)
+        finally:
+            for server in servers:
+                stop_server(server)
+    write(rows, args.label)
+
+
+if __name__ == "__main__":
+    main()
