@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.fleet import DRAINING, READY, STARTING, Fleet
+from sim.llm.affinity import PrefixAffinity
 from sim.llm.kv import Seq
+from sim.llm.prefix_cache import PrefixCachingBlockPool
 from sim.llm.schedulers import LlmScheduler, StepPlan
 from sim.llm.step_model import Composition, composition
 
@@ -48,7 +50,7 @@ class StepLog:
     preempted: list[int] = field(default_factory=list)
 
 
-ROUTINGS = ("jsq", "round_robin")
+ROUTINGS = ("jsq", "round_robin", "prefix_affinity")
 
 
 class LlmCore:
@@ -61,13 +63,17 @@ class LlmCore:
         schedulers: One scheduler per replica (each owns its queues and KV accounting); a
             single scheduler is one replica.
         routing: Which replica an arrival joins: ``jsq`` (fewest requests waiting or
-            running, lowest index on ties) or ``round_robin``.
+            running, lowest index on ties), ``round_robin`` or ``prefix_affinity`` (the
+            longest cached prefix within a load bound: :mod:`sim.llm.affinity`).
+        block_keys: Per request, the keys of its full prompt blocks (prefix caching).
+        affinity: The ``prefix_affinity`` rule's knobs (default: its defaults).
     """
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
                  output_tokens: np.ndarray, schedulers: LlmScheduler | list[LlmScheduler],
                  routing: str = "jsq", priority: np.ndarray | None = None,
-                 fleet: Fleet | None = None) -> None:
+                 fleet: Fleet | None = None, block_keys: list[tuple[int, ...]] | None = None,
+                 affinity: PrefixAffinity | None = None) -> None:
         n = arrival_s.size
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens.astype(np.int64)
@@ -78,6 +84,8 @@ class LlmCore:
         if routing not in ROUTINGS:
             raise ValueError(f"routing {routing!r}: allowed: {', '.join(ROUTINGS)}")
         self.routing = routing
+        self.block_keys = block_keys
+        self.affinity = affinity or PrefixAffinity()
         self._next_rr = 0
         self.scheduler = self.schedulers[0]
         self.limits = self.scheduler.limits
@@ -110,7 +118,11 @@ class LlmCore:
         return float(self.arrival_s[self.admitted]) if self.admitted < self.arrival_s.size \
             else math.inf
 
-    def _route(self) -> int:
+    def _route(self, seq: Seq) -> int:
+        if self.routing == "prefix_affinity":
+            slots = self._candidates() if self.fleet is not None else range(
+                len(self.schedulers))
+            return self.affinity.choose(seq, slots, self._outstanding, self.schedulers)
         if self.fleet is not None:
             slots = self._candidates()
             if self.routing == "round_robin":
@@ -197,8 +209,10 @@ class LlmCore:
             i = self.admitted
             seq = Seq(i, float(self.arrival_s[i]), int(self.prompt_tokens[i]),
                       int(self.output_tokens[i]), int(self.priority[i]))
+            if self.block_keys is not None:
+                seq.hashes = self.block_keys[i]
             self.admitted += 1
-            r = self._route()
+            r = self._route(seq)
             sched = self.schedulers[r]
             self.replica[i] = r
             why = sched.refuse(seq)
@@ -240,6 +254,9 @@ class LlmCore:
         if tokens > lim.max_num_batched_tokens:
             raise StepInvariantError(f"{sched!r} planned {tokens} tokens, above "
                                      f"max_num_batched_tokens {lim.max_num_batched_tokens}")
+        pool = getattr(sched, "kv", None)
+        if isinstance(pool, PrefixCachingBlockPool):
+            pool.check_counts()  # KvInvariantError: blocks lost or counted twice
         if lim.num_blocks is not None and sched.kv_used_blocks() > lim.num_blocks:
             raise StepInvariantError(f"{sched!r} holds {sched.kv_used_blocks()} KV blocks of "
                                      f"{lim.num_blocks}")
