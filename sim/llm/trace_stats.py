@@ -71,3 +71,21 @@ def trace_stats(trace: HashTrace, cache_blocks: list[int] | None = None) -> dict
         "hit_rate_infinite": hit_rate(trace),
         "hit_rate_lru": {str(b): hit_rate(trace, b) for b in (cache_blocks or [])},
     }
+
+
+def format_stats(stats: dict[str, Any]) -> list[str]:
+    """The summary as printable lines (lengths in tokens, hit rates in percent)."""
+    def dist(d: dict[str, float]) -> str:
+        return (f"mean {d['mean']:.0f}, p50 {d['p50']:.0f}, p90 {d['p90']:.0f}, "
+                f"p99 {d['p99']:.0f}, max {d['max']:.0f}")
+
+    lines = [f"format {stats['format']}, {stats['block_size']} tokens per block",
+             f"requests {stats['requests']} over {stats['span_s']:.1f} s "
+             f"({stats['rate_rps']:.3g} req/s)",
+             f"prompt tokens: {dist(stats['prompt_tokens'])}",
+             f"output tokens: {dist(stats['output_tokens'])}",
+             f"distinct full blocks: {stats['unique_full_blocks']}",
+             f"token hit rate, infinite cache: {100 * stats['hit_rate_infinite']:.1f}%"]
+    lines += [f"token hit rate, LRU cache of {size} blocks: {100 * rate:.1f}%"
+              for size, rate in stats["hit_rate_lru"].items()]
+    return lines
