@@ -124,15 +124,26 @@ def test_the_second_turn_prefills_only_its_new_tokens_and_gets_its_first_token_s
     check_pools(core)
 
 
-def test_caching_without_shared_blocks_changes_nothing() -> None:
-    rng = np.random.default_rng(3)
-    prompts = list(rng.integers(1, 40, 30))
-    arrivals = list(np.sort(rng.uniform(0, 0.5, 30)))
-    keys = [tuple(1000 * i + k for k in range(p // BS)) for i, p in enumerate(prompts)]
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), blocks=st.integers(6, 60), replicas=st.integers(1, 3),
+       routing=st.sampled_from(["jsq", "round_robin"]),
+       policy=st.sampled_from(["vllm", "sarathi"]))
+def test_caching_without_shared_blocks_gives_exactly_the_tables_of_caching_off(
+        seed: int, blocks: int, replicas: int, routing: str, policy: str) -> None:
+    # requests without block keys never hit (with keys, even a request's own blocks would
+    # be hit when it is readmitted after a preemption): the pool must then allocate, preempt
+    # and free exactly as the plain block manager does
+    rng = np.random.default_rng(seed)
+    n = 30
+    prompts = [int(x) for x in rng.integers(1, 40, n)]
+    arrivals = list(np.sort(rng.uniform(0, 0.5, n)))
+    keys: list[tuple[int, ...]] = [() for _ in prompts]
     runs = []
     for caching in (False, True):
-        core = core_for(prompts, keys, arrivals, caching=caching, blocks=24)
+        core = core_for(prompts, keys, arrivals, caching=caching, blocks=blocks,
+                        replicas=replicas, routing=routing, sarathi=policy == "sarathi")
         simulate(core, MODEL)
+        core.close()
         runs.append(tables(core))
     for off, on in zip(*runs, strict=True):
         assert off.equals(on)
@@ -226,3 +237,21 @@ def test_scenario_switch_reports_vllm_counters_and_per_request_cached_tokens() -
     assert on.summary["ttft_ms"]["p50"] < off.summary["ttft_ms"]["p50"]
     assert int(on.steps["prefill_tokens"].sum()) == int(
         off.steps["prefill_tokens"].sum()) - pc["prefill_tokens_saved"]
+
+
+def test_a_preempted_request_reuses_its_own_cached_prompt_blocks() -> None:
+    # 6 blocks of 4 tokens cannot hold both (9 + 8 tokens each): B is preempted at 13 tokens
+    works = {}
+    for caching in (False, True):
+        core = core_for([9, 9], [(1, 2), (3, 4)], [0.0, 0.0], caching=caching, blocks=6,
+                        outputs=[8, 8])
+        simulate(core, MODEL)
+        core.close()
+        requests = tables(core)[0]
+        assert list(requests["preemptions"]) == [0, 1]
+        works[caching] = list(requests["work_tokens"])
+    summary = prefix_cache_summary(core)
+    assert summary["preempted_queries_tokens"] == 13  # 9 prompt + 4 outputs
+    assert summary["preempted_hits_tokens"] == 8  # its two full prompt blocks
+    assert summary["hits_tokens"] == 0  # nothing shared between A and B
+    assert works[True] == [16, works[False][1] - 8]
