@@ -329,6 +329,10 @@ class LlmScenario(_Strict):
                 raise ValueError("autoscaling.cold_start_s: an LLM engine's cold start is not "
                                  "in its step profile; give the seconds a new engine needs "
                                  "to load its model")
+        if self.routing == "prefix_affinity" and not getattr(
+                self.policy, "enable_prefix_caching", False):
+            raise ValueError("routing: prefix_affinity follows cached prefixes; it needs "
+                             "policy.enable_prefix_caching: true (kind vllm or sarathi)")
         duration_s = getattr(self.workload, "duration_s", None)
         if duration_s is not None and self.warmup_s >= duration_s:
             raise ValueError(f"warmup_s: {self.warmup_s:g} s leaves nothing to measure of "

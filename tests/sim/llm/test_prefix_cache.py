@@ -255,3 +255,11 @@ def test_a_preempted_request_reuses_its_own_cached_prompt_blocks() -> None:
     assert summary["preempted_hits_tokens"] == 8  # its two full prompt blocks
     assert summary["hits_tokens"] == 0  # nothing shared between A and B
     assert works[True] == [16, works[False][1] - 8]
+
+
+def test_prefix_affinity_without_caching_is_refused_with_the_fields_named() -> None:
+    from sim.llm import load_llm_scenario
+    from sim.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match="enable_prefix_caching"):
+        load_llm_scenario({**scenario(), "routing": "prefix_affinity"})
