@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import figures
+from dashboard import figures, prefix_cache_view
 from dashboard.state import fmt, run_llm_scenario
 
 st.title("LLM serving")
@@ -138,3 +138,5 @@ with right:
     a, b = st.columns(2)
     a.plotly_chart(figures.kv_and_running(first.steps, first.meta.get("num_gpu_blocks")))
     b.plotly_chart(figures.step_composition(first.steps))
+
+prefix_cache_view.render()
