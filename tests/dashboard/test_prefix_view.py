@@ -26,3 +26,23 @@ def test_prefix_switch_shows_the_hit_rate_and_a_faster_ttft() -> None:
     off, on = (float(x.split()[0].replace(",", "")) for x in
                cards["TTFT P50 off → on"].split("→"))
     assert on < off
+
+
+@pytest.mark.slow
+def test_second_turn_lesson_shows_later_turns_reusing_their_prefix() -> None:
+    at = AppTest.from_file(str(PAGE.parent / "course.py"), default_timeout=300)
+    at.run()
+    title = next(t for t in at.selectbox(key="course-lesson").options
+                 if "second turn" in t)
+    at.selectbox(key="course-lesson").set_value(title).run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value.set_index("")
+
+    def num(text: object) -> float:
+        return float(str(text).replace(",", ""))
+
+    on, off = table.loc["caching on, turns 2+"], table.loc["caching off, turns 2+"]
+    assert num(on["cached tokens (mean)"]) > 0 == num(off["cached tokens (mean)"])
+    assert num(on["TTFT P50 ms"]) < num(off["TTFT P50 ms"])
+    at.radio(key="course-lang").set_value("中文").run()
+    assert not at.exception
