@@ -108,3 +108,16 @@ def test_shipped_synthetic_trace_is_read_and_shares_prefixes() -> None:
     t = read_hash_trace("builtin:synthetic_chat_blksz_16.jsonl")
     assert len(t) == 1100 and np.all(np.diff(t.arrival_s) >= 0)
     assert 0.5 < hit_rate(t) < 0.95
+
+
+def test_shipped_mooncake_slice_matches_the_published_format() -> None:
+    t = read_hash_trace("builtin:mooncake_conversation_first1000.jsonl")
+    assert t.fmt == "mooncake" and t.block_size == 512 and len(t) == 1000
+    assert t.arrival_s[0] == 0.0 and t.arrival_s[-1] == pytest.approx(330.0)
+    # every request names one block per 512 tokens, the partial last one included
+    assert all(len(ids) == -(-int(n) // 512) for ids, n in zip(t.hash_ids, t.prompt_tokens,
+                                                                strict=True))
+    # requests share prefixes (a system prompt, earlier turns): the cache has work to do
+    infinite = hit_rate(t)
+    assert 0.1 < infinite < 0.5
+    assert hit_rate(t, cache_blocks=2000) < infinite  # a bounded cache forgets some
