@@ -69,8 +69,12 @@ class PrefixCachingBlockPool:
         self.block_size = block_size
         self.ref = [0] * num_blocks
         self.key = [-1] * num_blocks  # -1: not cached
-        # the free queue (FreeKVCacheBlockQueue): head evicted first; ref 0 <=> in it
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # the free queue (FreeKVCacheBlockQueue), head evicted first; ref 0 <=> in it. Its
+        # head is the never-used blocks fresh..num_blocks-1 (freed blocks only ever join the
+        # tail), kept as a counter; then free_queue, the freed blocks in order (memory grows
+        # with the blocks used, not with the pool)
+        self.fresh = 0
+        self.free_queue: OrderedDict[int, None] = OrderedDict()
         self.cached: dict[int, dict[int, None]] = {}  # key -> blocks holding it
         self.held: dict[int, list[int]] = {}
         self.num_cached: dict[int, int] = {}  # sequence id -> its blocks already cached
@@ -83,12 +87,12 @@ class PrefixCachingBlockPool:
     @property
     def free(self) -> int:
         """Blocks with no holder (cached ones among them can be evicted)."""
-        return len(self.free_queue)
+        return self.num_blocks - self.fresh + len(self.free_queue)
 
     @property
     def used(self) -> int:
         """Blocks held by a sequence."""
-        return self.num_blocks - len(self.free_queue)
+        return self.num_blocks - self.free
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks that ``tokens`` tokens of KV occupy."""
@@ -129,7 +133,7 @@ class PrefixCachingBlockPool:
         total = (cached_tokens if admitting else seq.computed) + new_tokens
         need = self.blocks_for(total) - len(held) - len(hits)
         evictable_hits = sum(1 for b in hits if self.ref[b] == 0)
-        if need > len(self.free_queue) - evictable_hits:
+        if need > self.free - evictable_hits:
             return False
         for b in hits:  # touch: a free hit leaves the free queue
             if self.ref[b] == 0:
@@ -146,6 +150,12 @@ class PrefixCachingBlockPool:
         return True
 
     def _take(self) -> int:
+        if self.fresh < self.num_blocks:  # a never-used block: nothing to evict
+            b = self.fresh
+            self.fresh += 1
+            self.ref[b] = 1
+            self.in_use += 1
+            return b
         b, _ = self.free_queue.popitem(last=False)
         k = self.key[b]
         if k >= 0:  # evict the least recently used cached block
@@ -200,8 +210,8 @@ class PrefixCachingBlockPool:
         Raises:
             KvInvariantError: they do not.
         """
-        if self.in_use + len(self.free_queue) != self.num_blocks or self.in_use < 0:
-            raise KvInvariantError(f"{self.in_use} blocks in use + {len(self.free_queue)} "
+        if self.in_use + self.free != self.num_blocks or self.in_use < 0:
+            raise KvInvariantError(f"{self.in_use} blocks in use + {self.free} "
                                    f"free != {self.num_blocks}")
 
     def check(self) -> None:
@@ -219,7 +229,9 @@ class PrefixCachingBlockPool:
             for b in blocks:
                 holders[b] += 1
         for b in range(self.num_blocks):
-            in_queue = b in self.free_queue
+            in_queue = b >= self.fresh or b in self.free_queue
+            if b >= self.fresh and (b in self.free_queue or self.key[b] >= 0):
+                raise KvInvariantError(f"block {b}: never used, yet queued or cached")
             if self.ref[b] != holders[b]:
                 raise KvInvariantError(f"block {b}: reference count {self.ref[b]}, "
                                        f"{holders[b]} holders")
