@@ -99,21 +99,24 @@ class PrefixCachingBlockPool:
         return -(-tokens // self.block_size)
 
     # -- lookup and allocation ---------------------------------------------------------------
-    def _hit_blocks(self, seq: Seq) -> list[int]:
+    def _hit_count(self, seq: Seq) -> int:
         limit = (seq.tokens - 1) // self.block_size  # the last token is always computed
-        blocks = []
+        cached = self.cached  # a key with no block left is removed from it
+        n = 0
         for k in seq.hashes[:limit]:
-            holders = self.cached.get(k)
-            if not holders:
+            if k not in cached:
                 break
-            blocks.append(next(iter(holders)))
-        return blocks
+            n += 1
+        return n
+
+    def _hit_blocks(self, seq: Seq, n: int) -> list[int]:
+        return [next(iter(self.cached[k])) for k in seq.hashes[:n]]
 
     def cached_prefix_tokens(self, seq: Seq) -> int:
         """Tokens of ``seq``'s longest cached prefix (whole blocks; 0 while it holds blocks)."""
         if seq.id in self.held:
             return 0
-        return len(self._hit_blocks(seq)) * self.block_size
+        return self._hit_count(seq) * self.block_size
 
     def allocate(self, seq: Seq, new_tokens: int, cached_tokens: int = 0) -> bool:
         """Make room for ``new_tokens`` more tokens of ``seq`` after ``seq.computed`` (after
@@ -126,10 +129,11 @@ class PrefixCachingBlockPool:
         if cached_tokens:
             if not admitting or seq.computed:
                 raise KvInvariantError(f"request {seq.id}: a prefix hit after admission")
-            hits = self._hit_blocks(seq)[: cached_tokens // self.block_size]
-            if len(hits) * self.block_size != cached_tokens:
+            n = cached_tokens // self.block_size
+            if n * self.block_size != cached_tokens or n > self._hit_count(seq):
                 raise KvInvariantError(f"request {seq.id}: {cached_tokens} cached tokens "
                                        "asked, fewer cached")
+            hits = self._hit_blocks(seq, n)
         total = (cached_tokens if admitting else seq.computed) + new_tokens
         need = self.blocks_for(total) - len(held) - len(hits)
         evictable_hits = sum(1 for b in hits if self.ref[b] == 0)
