@@ -80,6 +80,8 @@ class PrefixCachingBlockPool:
         self.num_cached: dict[int, int] = {}  # sequence id -> its blocks already cached
         self.stats = PrefixCacheStats()
         self.in_use = 0  # blocks with a holder, counted apart from the queue (check_counts)
+        self.version = 0  # bumped whenever the cache map changes (a key added or evicted)
+        self._memo = (-1, -1, -1, 0)  # (sequence id, its tokens, version) -> hit blocks
 
     def __repr__(self) -> str:
         return f"PrefixCachingBlockPool({self.num_blocks}x{self.block_size})"
@@ -100,6 +102,9 @@ class PrefixCachingBlockPool:
 
     # -- lookup and allocation ---------------------------------------------------------------
     def _hit_count(self, seq: Seq) -> int:
+        memo = self._memo  # a waiting head is looked up at every step it waits
+        if memo[0] == seq.id and memo[1] == seq.tokens and memo[2] == self.version:
+            return memo[3]
         limit = (seq.tokens - 1) // self.block_size  # the last token is always computed
         cached = self.cached  # a key with no block left is removed from it
         n = 0
@@ -107,6 +112,7 @@ class PrefixCachingBlockPool:
             if k not in cached:
                 break
             n += 1
+        self._memo = (seq.id, seq.tokens, self.version, n)
         return n
 
     def _hit_blocks(self, seq: Seq, n: int) -> list[int]:
@@ -169,6 +175,7 @@ class PrefixCachingBlockPool:
                 del self.cached[k]
             self.key[b] = -1
             self.stats.evictions += 1
+            self.version += 1
         self.ref[b] = 1
         self.in_use += 1
         return b
@@ -180,6 +187,7 @@ class PrefixCachingBlockPool:
             if self.key[b] < 0:
                 self.key[b] = seq.hashes[j]
                 self.cached.setdefault(seq.hashes[j], {})[b] = None
+                self.version += 1
         self.num_cached[seq.id] = max(full, self.num_cached.get(seq.id, 0))
 
     def _count(self, seq: Seq, hit_tokens: int) -> None:
