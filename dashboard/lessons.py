@@ -463,7 +463,7 @@ LESSONS: list[Lesson] = [
                   "更大？为什么缩容到零最先暴露问题？"},
            exp_resident_vs_on_demand),
     Lesson("exercises",
-           {"en": "10. Four exercises", "zh": "10. 四道练习"},
+           {"en": "11. Four exercises", "zh": "11. 四道练习"},
            {"en": "1) Explain the difference between batching and concurrency, with numbers "
                   "from lesson 5. 2) For a low-latency product, small or large batches? Show it "
                   "in lesson 6 or the Compare page. 3) Write a minimal monitoring list for a "
@@ -475,3 +475,12 @@ LESSONS: list[Lesson] = [
             "zh": "请用本应用中的实验回答每一题。"},
            exp_exercises),
 ]
+
+
+def _second_turn() -> Lesson:
+    from dashboard.lesson_prefix import LESSON
+
+    return LESSON
+
+
+LESSONS.insert(len(LESSONS) - 1, _second_turn())  # before the exercises

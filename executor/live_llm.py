@@ -137,6 +137,11 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     import torch
 
     scn = load_llm_scenario(scenario, overrides)
+    if getattr(scn.policy, "enable_prefix_caching", False):
+        raise LiveError("policy.enable_prefix_caching: the live engine does not share KV "
+                        "blocks yet, so a live run would skip prompt tokens it never "
+                        "computed; run it with enable_prefix_caching: false (simulate "
+                        "supports both)")
     spec = {"device": "cpu"} if replay else llm_model_spec(scn)
     core = build_llm_core(scn)
     horizon = horizon_s(scn, core.arrival_s)

@@ -797,6 +797,41 @@ def dashboard_cmd(
     raise typer.Exit(run_server(cmd))
 
 
+trace_app = typer.Typer(no_args_is_help=True, help="Inspect hash-block traces.")
+app.add_typer(trace_app, name="trace")
+
+
+@trace_app.command("stats")
+def trace_stats_cmd(
+    file: Annotated[str, typer.Argument(help="Bailian/Mooncake .jsonl, a CSV with hash_ids, "
+                                             "or builtin:NAME.")],
+    cache_blocks: Annotated[list[int] | None, typer.Option(
+        help="LRU cache size in blocks of the trace's block size (repeatable).")] = None,
+    block_size: Annotated[int | None, typer.Option(
+        help="Tokens per hash id (default: 16 Bailian, 512 Mooncake; required for CSV).")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="auto | bailian | mooncake | csv")
+                   ] = "auto",
+) -> None:
+    """Requests, rate, length percentiles and the token hit rate of an infinite cache and of
+    LRU caches of the given sizes (timing-free upper bounds).
+    """
+    from sim.scenario.hash_trace import read_hash_trace
+    from sim.scenario.trace_stats import format_stats, trace_stats
+
+    if block_size is not None and block_size < 1:
+        fail(f"--block-size: must be >= 1, got {block_size}")
+    if any(b < 0 for b in cache_blocks or []):
+        fail("--cache-blocks: must be >= 0")
+    try:
+        stats = trace_stats(read_hash_trace(file, fmt, block_size), cache_blocks)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    for line in format_stats(stats):
+        console.print(line, highlight=False)
+
+
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect latency profiles.")
 app.add_typer(profile_app, name="profile")
 

@@ -98,6 +98,11 @@ def llm_summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
         ("waiting queue mean / p95 / max",
          " / ".join(_fmt(summary["queue_len"][k]) for k in ("mean", "p95", "max"))),
     ]
+    pc = summary.get("prefix_cache")
+    if pc:  # prefix caching on
+        rows.append(("prefix cache hit rate (tokens) / prefill tokens saved / evictions",
+                     f"{100 * pc['hit_rate']:.1f}% / {_fmt(pc['prefill_tokens_saved'])} / "
+                     f"{_fmt(pc['evictions'])}"))
     for name, value in rows:
         table.add_row(name, _fmt(value, 3 if isinstance(value, float) and value < 10 else 1))
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"),

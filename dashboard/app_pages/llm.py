@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import figures
+from dashboard import figures, prefix_cache_view
 from dashboard.estimates import fmt_ci, quantile_ci
 from dashboard.i18n import chart, frame, t
 from dashboard.state import fmt, run_llm_scenario
@@ -181,3 +181,5 @@ with right:
     if rows:
         chart(figures.llm_load_curves(pd.DataFrame(rows)))
         st.caption(t(SWEEP_NOTE).format(rate=base_rate))
+
+prefix_cache_view.render()

@@ -18,14 +18,17 @@ import pandas as pd
 
 from calibration.step_profile import load_step_profile
 from sim.metrics.llm import summarize_llm
+from sim.metrics.prefix import cached_tokens, check_pools, pools, prefix_cache_summary
 from sim.metrics.rundir import run_meta, write_json, write_table
 from sim.metrics.window import horizon_s as window_horizon_s
 from sim.scenario.build import WORKLOADS, Streams, _knobs, build_fleet
+from sim.scenario.hash_workload import hash_workload
 from sim.scenario.llm import LlmScenario, load_llm_scenario
 from sim.scenario.step_time import LinearStepModel, ProfileStepModel, StepModel
 from sim.scenario.tokens import request_tokens
 from sim.scenario.workloads import ArrivalSchedule, OpenLoop
 from sim.serving.fleet import ColdStart
+from sim.serving.llm.affinity import PrefixAffinity
 from sim.serving.llm.core import LlmCore
 from sim.serving.llm.schedulers import (
     ContinuousScheduler,
@@ -93,14 +96,16 @@ def build_scheduler(scenario: LlmScenario) -> LlmScheduler:
     if cfg.kind == "sarathi":
         return SarathiScheduler(num_blocks=cfg.blocks(), block_size=cfg.block_size,
                                 max_num_seqs=cfg.max_num_seqs,
-                                max_num_batched_tokens=cfg.max_num_batched_tokens)
+                                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                enable_prefix_caching=cfg.enable_prefix_caching)
     return VllmScheduler(num_blocks=cfg.blocks(), block_size=cfg.block_size,
                          max_num_seqs=cfg.max_num_seqs,
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          enable_chunked_prefill=cfg.enable_chunked_prefill,
                          long_prefill_token_threshold=cfg.long_prefill_token_threshold,
                          prefill_first=cfg.prefill_first,
-                         scheduling_policy=cfg.scheduling_policy)
+                         scheduling_policy=cfg.scheduling_policy,
+                         enable_prefix_caching=cfg.enable_prefix_caching)
 
 
 def build_step_model(scenario: LlmScenario) -> StepModel:
@@ -125,6 +130,9 @@ def llm_schedule(scenario: LlmScenario) -> tuple[ArrivalSchedule, np.ndarray, np
     lengths come from their own stream, so changing them keeps the arrival times.
     """
     cfg = scenario.workload
+    if cfg.kind == "hash_trace":
+        schedule, prompt, output, _ = hash_workload(scenario)
+        return schedule, prompt, output
     workload = WORKLOADS[cfg.kind](**_knobs(cfg, *TOKEN_KEYS))
     assert isinstance(workload, OpenLoop)  # LLM workloads are open loop
     streams = Streams.from_seed(scenario.seed)
@@ -137,11 +145,19 @@ def build_llm_core(scenario: LlmScenario) -> LlmCore:
     """The engine core with the scenario's requests and one scheduler per replica (shared
     with live).
     """
-    schedule, prompt, output = llm_schedule(scenario)
+    keys = None
+    if scenario.workload.kind == "hash_trace":
+        schedule, prompt, output, keys = hash_workload(scenario)
+    else:
+        schedule, prompt, output = llm_schedule(scenario)
     fleet = build_fleet(scenario)
+    aff = scenario.prefix_affinity
     return LlmCore(schedule.arrival_s, prompt, output,
                    [build_scheduler(scenario) for _ in range(scenario.fleet_size)],
-                   routing=scenario.routing, priority=schedule.priority, fleet=fleet)
+                   routing=scenario.routing, priority=schedule.priority, fleet=fleet,
+                   block_keys=keys, affinity=PrefixAffinity(
+                       aff.balance_abs_threshold, aff.balance_rel_threshold,
+                       aff.cache_threshold))
 
 
 def llm_cold_start(scenario: LlmScenario) -> ColdStart | None:
@@ -258,8 +274,12 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
     until = math.inf if drain_timeout_s is None else horizon + drain_timeout_s
     end_s = simulate(core, model, until, llm_cold_start(scn))
     counts = core.close()
+    check_pools(core)
     wall_s = time.perf_counter() - t0
     requests, steps, tokens, queue = tables(core)
+    caching = bool(pools(core))
+    if caching:
+        requests["cached_tokens"] = cached_tokens(core)
     num_blocks = core.limits.num_blocks
     summary = summarize_llm(requests, core.token_s, core.token_offset, steps, queue,
                             warmup_s=scn.warmup_s, horizon_s=horizon, end_s=end_s,
@@ -268,6 +288,8 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
                             replicas=scn.fleet_size,
                             price_per_replica_hour=scn.price_per_replica_hour,
                             fleet=llm_fleet_tables(core))
+    if caching:
+        summary["prefix_cache"] = prefix_cache_summary(core)
     meta = run_meta(scn, driver="sim", device={"kind": "simulated",  # type: ignore[arg-type]
                                                "service": repr(model),
                                                "scheduler": repr(core.scheduler)},

@@ -76,7 +76,7 @@ def load_overrides(scenario: LlmScenario, rho: float, capacity_rps: float) -> di
     kind = scenario.workload.kind
     if kind in RATE_KINDS:
         return {"workload.rate_rps": target}
-    if kind == "trace":
+    if kind in ("trace", "hash_trace"):
         scale = float(getattr(scenario.workload, "time_scale", 1.0))
         return {"workload.time_scale": scale * offered_rps(scenario) / target}
     raise WorkloadError(f"workload.kind {kind!r}: a load sweep needs one of "

@@ -9,12 +9,16 @@ public contract):
 * ``workload``: any open-loop arrival process of the request-level scenarios plus
   ``prompt_tokens`` and ``output_tokens`` (a number, or ``{dist: constant|uniform|lognormal|
   empirical, ...}``), or for a ``trace`` ``prompt_tokens_column``/``output_tokens_column``
-  (truncated to ``prompt_tokens_max``/``output_tokens_max`` when given);
+  (truncated to ``prompt_tokens_max``/``output_tokens_max`` when given); or ``hash_trace``
+  (``path``, ``format``, ``block_size``): a Bailian/Mooncake/CSV hash-block trace;
 * ``service``: ``llm_linear`` (``base_ms``, ``per_prefill_token_ms``, ``per_decode_seq_ms``,
   ``per_kv_token_ms``), ``llm_profile`` (``path``: a measured step profile) or ``llm_roofline``
   (``model``, ``device``, ``tp``, ``coefficients``: see :mod:`sim.scenario.roofline.service`);
 * ``policy``: ``static``, ``continuous``, ``vllm`` or ``sarathi`` with vLLM's knob names;
-* ``slo``: ``ttft_ms`` and/or ``tpot_ms`` (goodput counts requests meeting every one set).
+* ``slo``: ``ttft_ms`` and/or ``tpot_ms`` (goodput counts requests meeting every one set);
+* ``policy.enable_prefix_caching`` (vllm, sarathi; default off) and ``routing:
+  prefix_affinity`` with ``prefix_affinity: {balance_abs_threshold, balance_rel_threshold,
+  cache_threshold}``.
 """
 
 from __future__ import annotations
@@ -144,8 +148,24 @@ class LlmTraceCfg(TraceWorkloadCfg, _Tokens):
         return self
 
 
+class HashTraceCfg(_Strict):
+    """A hash-block trace (Qwen-Bailian, Mooncake, or a CSV with ``hash_ids``): arrivals,
+    token lengths and prefix sharing all from the file (:mod:`sim.scenario.hash_trace`).
+    """
+
+    kind: Literal["hash_trace"]
+    path: str
+    format: Literal["auto", "bailian", "mooncake", "csv"] = "auto"
+    block_size: int | None = Field(None, ge=1)  # tokens per hash id (default: the format's)
+    time_scale: float = Field(1.0, gt=0)  # arrival times multiplied by this
+    start_s: float = Field(0.0, ge=0)  # skip what arrives before this trace time
+    duration_s: float | None = Field(None, gt=0)  # keep this many seconds of trace (scaled)
+    n_requests: int | None = Field(None, ge=1)  # keep the first this many
+
+
 LlmWorkloadCfg = Annotated[
-    LlmPoissonCfg | LlmConstantCfg | LlmGammaCfg | LlmMmppCfg | LlmSinusoidCfg | LlmTraceCfg,
+    LlmPoissonCfg | LlmConstantCfg | LlmGammaCfg | LlmMmppCfg | LlmSinusoidCfg | LlmTraceCfg
+    | HashTraceCfg,
     Field(discriminator="kind"),
 ]
 
@@ -238,6 +258,7 @@ class VllmPolicyCfg(_BudgetCfg):
     long_prefill_token_threshold: int = Field(0, ge=0)
     prefill_first: bool = False
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    enable_prefix_caching: bool = False  # vLLM's default is on; off keeps earlier results
 
 
 class SarathiPolicyCfg(_BudgetCfg):
@@ -245,6 +266,7 @@ class SarathiPolicyCfg(_BudgetCfg):
 
     kind: Literal["sarathi"]
     max_num_batched_tokens: int = Field(512, ge=1)
+    enable_prefix_caching: bool = False
 
 
 LlmPolicyCfg = Annotated[
@@ -258,6 +280,14 @@ class LlmSloCfg(_Strict):
 
     ttft_ms: float | None = Field(None, gt=0)
     tpot_ms: float | None = Field(None, gt=0)
+
+
+class PrefixAffinityCfg(_Strict):
+    """``routing: prefix_affinity``'s knobs (:mod:`sim.serving.llm.affinity`)."""
+
+    balance_abs_threshold: int = Field(8, ge=0)
+    balance_rel_threshold: float = Field(1.5, ge=1)
+    cache_threshold: float = Field(0.5, ge=0, le=1)
 
 
 class LlmModelCfg(_Strict):
@@ -280,7 +310,8 @@ class LlmScenario(_Strict):
     warmup_s: float = Field(0.0, ge=0)
     slo: LlmSloCfg = Field(default_factory=LlmSloCfg)
     replicas: int = Field(1, ge=1, le=4096)
-    routing: Literal["jsq", "round_robin"] = "jsq"
+    routing: Literal["jsq", "round_robin", "prefix_affinity"] = "jsq"
+    prefix_affinity: PrefixAffinityCfg = Field(default_factory=PrefixAffinityCfg)
     model: LlmModelCfg | None = None
     price_per_replica_hour: float = Field(0.0, ge=0)
     autoscaling: AutoscalingCfg | None = None
@@ -301,6 +332,10 @@ class LlmScenario(_Strict):
                 raise ValueError("autoscaling.cold_start_s: an LLM engine's cold start is not "
                                  "in its step profile; give the seconds a new engine needs "
                                  "to load its model")
+        if self.routing == "prefix_affinity" and not getattr(
+                self.policy, "enable_prefix_caching", False):
+            raise ValueError("routing: prefix_affinity follows cached prefixes; it needs "
+                             "policy.enable_prefix_caching: true (kind vllm or sarathi)")
         duration_s = getattr(self.workload, "duration_s", None)
         if duration_s is not None and self.warmup_s >= duration_s:
             raise ValueError(f"warmup_s: {self.warmup_s:g} s leaves nothing to measure of "
@@ -314,7 +349,8 @@ class LlmScenario(_Strict):
 
 _UNIONS: dict[str, Any] = {"service": LlmServiceCfg, "workload": LlmWorkloadCfg,
                            "policy": LlmPolicyCfg, "autoscaling": AutoscalingCfg}
-_SECTIONS: dict[str, type[BaseModel]] = {"slo": LlmSloCfg, "model": LlmModelCfg}
+_SECTIONS: dict[str, type[BaseModel]] = {"slo": LlmSloCfg, "model": LlmModelCfg,
+                                         "prefix_affinity": PrefixAffinityCfg}
 
 
 def is_llm_data(data: Any) -> bool:

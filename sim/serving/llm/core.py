@@ -30,14 +30,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from sim.serving.fleet import DRAINING, READY, STARTING, Fleet
+from sim.serving.llm.affinity import PrefixAffinity
 from sim.serving.llm.kv import Seq
+from sim.serving.llm.prefix_cache import PrefixCachingBlockPool
 from sim.serving.llm.schedulers import LlmScheduler, StepPlan
 from sim.serving.llm.step_model import Composition, composition
 from sim.serving.llm.steps import LlmActions, StepDone, StepInvariantError, StepLog, StepStart
 from sim.serving.routing import JoinShortestQueue, ReplicaLoad, RoundRobin, Router
 from sim.serving.types import FAILED, OK, QUEUED, REJECTED, RUNNING, status_labels
 
-ROUTINGS = ("jsq", "round_robin")
+ROUTINGS = ("jsq", "round_robin", "prefix_affinity")
 
 
 class LlmCore:
@@ -50,13 +52,17 @@ class LlmCore:
         schedulers: One scheduler per replica (each owns its queues and KV accounting); a
             single scheduler is one replica.
         routing: Which replica an arrival joins: ``jsq`` (fewest requests waiting or
-            running, lowest index on ties) or ``round_robin``.
+            running, lowest index on ties), ``round_robin`` or ``prefix_affinity`` (the
+            longest cached prefix within a load bound: :mod:`sim.serving.llm.affinity`).
+        block_keys: Per request, the keys of its full prompt blocks (prefix caching).
+        affinity: The ``prefix_affinity`` rule's knobs (default: its defaults).
     """
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
                  output_tokens: np.ndarray, schedulers: LlmScheduler | list[LlmScheduler],
                  routing: str = "jsq", priority: np.ndarray | None = None,
-                 fleet: Fleet | None = None) -> None:
+                 fleet: Fleet | None = None, block_keys: list[tuple[int, ...]] | None = None,
+                 affinity: PrefixAffinity | None = None) -> None:
         n = arrival_s.size
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens.astype(np.int64)
@@ -68,6 +74,8 @@ class LlmCore:
             raise ValueError(f"routing {routing!r}: allowed: {', '.join(ROUTINGS)}")
         self.routing = routing
         self.router: Router = RoundRobin() if routing == "round_robin" else JoinShortestQueue()
+        self.block_keys = block_keys
+        self.affinity = affinity or PrefixAffinity()
         self.scheduler = self.schedulers[0]
         self.limits = self.scheduler.limits
         self.replica = np.full(n, -1, dtype=np.int64)
@@ -171,17 +179,21 @@ class LlmCore:
         return float(self.arrival_s[self.admitted]) if self.admitted < self.arrival_s.size \
             else math.inf
 
-    def _route(self, now_s: float, request_id: int) -> int:
-        """The replica an arrival joins: the router of :mod:`sim.serving.routing` over the
-        candidate replicas (all, or an autoscaled fleet's), each loaded with the requests it
-        holds (waiting or running).
+    def _route(self, now_s: float, seq: Seq) -> int:
+        """The replica an arrival joins: ``prefix_affinity`` (:mod:`sim.serving.llm.affinity`),
+        else the router of :mod:`sim.serving.routing` over the candidate replicas (all, or an
+        autoscaled fleet's), each loaded with the requests it holds (waiting or running).
         """
+        if self.routing == "prefix_affinity":
+            candidates = self._candidates() if self.fleet is not None else range(
+                len(self.schedulers))
+            return self.affinity.choose(seq, candidates, self._outstanding, self.schedulers)
         if self.fleet is None and len(self.schedulers) == 1:
             return 0
         slots = self._candidates() if self.fleet is not None else range(len(self.schedulers))
         loads = [ReplicaLoad(i, self._outstanding[slot], 0, 0, 0.0)
                  for i, slot in enumerate(slots)]
-        return slots[self.router.route(now_s, request_id, loads)]
+        return slots[self.router.route(now_s, seq.id, loads)]
 
     # -- autoscaling -------------------------------------------------------------------------
     def _candidates(self) -> list[int]:
@@ -253,8 +265,10 @@ class LlmCore:
             i = self.admitted
             seq = Seq(i, float(self.arrival_s[i]), int(self.prompt_tokens[i]),
                       int(self.output_tokens[i]), int(self.priority[i]))
+            if self.block_keys is not None:
+                seq.hashes = self.block_keys[i]
             self.admitted += 1
-            r = self._route(seq.arrival_s, i)
+            r = self._route(seq.arrival_s, seq)
             sched = self.schedulers[r]
             self.replica[i] = r
             why = sched.refuse(seq)
@@ -296,6 +310,9 @@ class LlmCore:
         if tokens > lim.max_num_batched_tokens:
             raise StepInvariantError(f"{sched!r} planned {tokens} tokens, above "
                                      f"max_num_batched_tokens {lim.max_num_batched_tokens}")
+        pool = getattr(sched, "kv", None)
+        if isinstance(pool, PrefixCachingBlockPool):
+            pool.check_counts()  # KvInvariantError: blocks lost or counted twice
         if lim.num_blocks is not None and sched.kv_used_blocks() > lim.num_blocks:
             raise StepInvariantError(f"{sched!r} holds {sched.kv_used_blocks()} KV blocks of "
                                      f"{lim.num_blocks}")

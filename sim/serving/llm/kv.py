@@ -23,6 +23,8 @@ class Seq:
         emitted: Output tokens produced so far (kept through a preemption).
         preemptions: How often it was preempted.
         work: Tokens computed for it in all, recomputation included.
+        hashes: Keys of its full prompt blocks, each naming its prefix (prefix caching;
+            empty: nothing to share).
     """
 
     id: int
@@ -34,6 +36,7 @@ class Seq:
     emitted: int = 0
     preemptions: int = 0
     work: int = 0
+    hashes: tuple[int, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -75,9 +78,14 @@ class BlockManager:
         """Blocks that ``tokens`` tokens of KV occupy."""
         return -(-tokens // self.block_size)
 
-    def allocate(self, seq: Seq, new_tokens: int) -> bool:
+    def cached_prefix_tokens(self, seq: Seq) -> int:
+        """Tokens reusable from a prefix cache: none without prefix caching."""
+        return 0
+
+    def allocate(self, seq: Seq, new_tokens: int, cached_tokens: int = 0) -> bool:
         """Make room for ``new_tokens`` more tokens of ``seq``'s KV; False when not enough
-        blocks are free (nothing is allocated then).
+        blocks are free (nothing is allocated then). ``cached_tokens`` is always 0 here
+        (see :class:`sim.serving.llm.prefix_cache.PrefixCachingBlockPool`).
         """
         need = self.blocks_for(seq.computed + new_tokens) - self.held.get(seq.id, 0)
         if need <= 0:

@@ -36,6 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from sim.serving.llm.kv import BlockManager, Seq
+from sim.serving.llm.prefix_cache import PrefixCachingBlockPool
 
 
 @dataclass
@@ -108,12 +109,14 @@ class VllmScheduler(_Queues):
     def __init__(self, *, num_blocks: int, block_size: int = 16, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
                  long_prefill_token_threshold: int = 0, prefill_first: bool = False,
-                 scheduling_policy: str = "fcfs") -> None:
+                 scheduling_policy: str = "fcfs", enable_prefix_caching: bool = False) -> None:
         if scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"policy.scheduling_policy {scheduling_policy!r}: allowed: fcfs, "
                              "priority")
         self.priority = scheduling_policy == "priority"
-        self.kv = BlockManager(num_blocks, block_size)
+        self.kv: BlockManager | PrefixCachingBlockPool = (
+            PrefixCachingBlockPool(num_blocks, block_size) if enable_prefix_caching
+            else BlockManager(num_blocks, block_size))
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked = enable_chunked_prefill
@@ -210,12 +213,14 @@ class VllmScheduler(_Queues):
     def _admit(self, plan: StepPlan, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = self._cap(seq.remaining)
+            hit = self.kv.cached_prefix_tokens(seq)  # 0 without prefix caching
+            n = self._cap(seq.remaining - hit)
             if not self.chunked and n > budget:
                 break
             n = min(n, budget)
-            if not self.kv.allocate(seq, n):
+            if not self.kv.allocate(seq, n, hit):
                 break
+            seq.computed += hit
             self.waiting.popleft()
             self.running.append(seq)
             plan.entries.append((seq, n))
@@ -226,9 +231,11 @@ class VllmScheduler(_Queues):
         budget = self.max_num_batched_tokens
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.remaining
-            if n > budget or not self.kv.allocate(seq, n):
+            hit = self.kv.cached_prefix_tokens(seq)
+            n = seq.remaining - hit
+            if n > budget or not self.kv.allocate(seq, n, hit):
                 break
+            seq.computed += hit
             self.waiting.popleft()
             self.running.append(seq)
             plan.entries.append((seq, n))
@@ -269,11 +276,12 @@ class SarathiScheduler(VllmScheduler):
     name = "sarathi"
 
     def __init__(self, *, num_blocks: int, block_size: int = 16, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 512) -> None:
+                 max_num_batched_tokens: int = 512, enable_prefix_caching: bool = False) -> None:
         super().__init__(num_blocks=num_blocks, block_size=block_size,
                          max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
-                         enable_chunked_prefill=True)
+                         enable_chunked_prefill=True,
+                         enable_prefix_caching=enable_prefix_caching)
 
     def _running_order(self) -> list[Seq]:
         decodes = [s for s in self.running if s.decoding]
