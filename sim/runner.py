@@ -35,7 +35,7 @@ from sim.records import (
     view,
 )
 from sim.rundir import run_meta, write_run_dir
-from sim.scenario import Scenario, ScenarioError, load_scenario
+from sim.scenario import Scenario, ScenarioError, check_run_args, load_scenario
 from sim.summary_sink import SummarySink
 from sim.window import has_deadlines, planned_horizon_s, slo_s, window_for
 from sim.workloads import ClosedLoop
@@ -171,6 +171,7 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
     """
     if records is not None and records not in RECORDS:
         raise ScenarioError(f"records: {records!r} is not one of {list(RECORDS)}")
+    check_run_args(service_seed=service_seed, drain_timeout_s=drain_timeout_s)
     scn = load_scenario(scenario, overrides)
     records = scn.records if records is None else records
     t0 = time.perf_counter()

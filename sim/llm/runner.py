@@ -32,6 +32,7 @@ from sim.llm.schedulers import (
 from sim.llm.step_model import LinearStepModel, ProfileStepModel, StepModel
 from sim.llm.tokens import request_tokens
 from sim.rundir import run_meta, write_json, write_table
+from sim.scenario import check_run_args
 from sim.window import horizon_s as window_horizon_s
 from sim.workloads import ArrivalSchedule, OpenLoop
 
@@ -247,8 +248,8 @@ def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.
     end = int(core.token_offset[n])
     counts = core.output_tokens[:n]
     tokens = pd.DataFrame({
-        "id": np.repeat(np.arange(n, dtype=np.int32), counts),
-        "index": (np.arange(end) - np.repeat(core.token_offset[:n], counts)).astype(np.int32),
+        "id": np.repeat(np.arange(n, dtype=np.int64), counts),
+        "index": (np.arange(end) - np.repeat(core.token_offset[:n], counts)).astype(np.int64),
         "time_s": core.token_s[:end]})
     queue = pd.DataFrame({"time_s": np.asarray(core.queue_time_s),
                           "queue": np.asarray(core.queue_replica, dtype=np.int32),
@@ -271,6 +272,7 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
         ScenarioError: the scenario is invalid.
         StepInvariantError: a step broke a limit or lost a token (a bug).
     """
+    check_run_args(drain_timeout_s=drain_timeout_s)
     scn = load_llm_scenario(scenario, overrides)
     t0 = time.perf_counter()
     core = build_llm_core(scn)
