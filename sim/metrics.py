@@ -44,7 +44,7 @@ from sim.folds import (
     RequestFold,
     stats_ms,
 )
-from sim.stability import TREND_SEGMENTS, trend_of, verdict
+from sim.stability import unmeasurable, TREND_SEGMENTS, trend_of, verdict
 from sim.types import ERROR_CAUSES, STATUS_CATEGORIES
 from sim.window import Window
 
@@ -262,6 +262,8 @@ def summary_from_folds(requests: RequestFold, batches: BatchFold, queue: QueueFo
     stability = verdict(offered_rps=offered, capacity=window.capacity_rps,
                         utilization=utilization, trend=trend_of(steps),
                         window_s=span, closed_loop=window.closed_loop, bounded=window.bounded)
+    stability = unmeasurable(stability, arrivals=arrivals, ok=ok_n, completions=completions,
+                             in_flight=counts_all["in_flight"], window_s=span)
     return {
         "driver": driver,
         "requests": arrivals,

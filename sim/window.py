@@ -120,7 +120,7 @@ def window_for(scenario: Scenario, requests: pd.DataFrame, service: ServiceModel
         slo_s=slo_s(scenario),
         price_per_replica_hour=scenario.price_per_replica_hour,
         end_s=end_s,
-        capacity_rps=scenario_capacity_rps(scenario, service, mean_size),
+        capacity_rps=scenario_capacity_rps(scenario, service, mean_size, len(requests)),
         closed_loop=scenario.workload.kind == "closed",
         bounded=sheds_load(scenario),
         has_deadlines=has_deadlines(scenario),

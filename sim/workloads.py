@@ -241,7 +241,8 @@ class Mmpp(OpenLoop):
             if rate > 0:
                 n = rng.poisson(rate * dwell)
                 times = np.sort(t + rng.random(n) * dwell)
-                chunks.append(times)
+                if n:  # short dwells emit nothing most of the time: keep no empty arrays
+                    chunks.append(times)
                 count += n
             t += dwell
             state = (state + 1) % len(self.rates_rps)

@@ -246,7 +246,7 @@ def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.
     if steps.empty:
         steps = pd.DataFrame({k: np.empty(0) for k in vars(core.steps)})
     end = int(core.token_offset[n])
-    counts = core.output_tokens[:n]
+    counts = np.diff(core.token_offset[:n + 1])  # no slots for a request refused on arrival
     tokens = pd.DataFrame({
         "id": np.repeat(np.arange(n, dtype=np.int64), counts),
         "index": (np.arange(end) - np.repeat(core.token_offset[:n], counts)).astype(np.int64),

@@ -37,8 +37,8 @@ from sim.scenario import (
     TraceWorkloadCfg,
     _Strict,
     apply_overrides,
-    format_validation_error,
     check_plain_data,
+    format_validation_error,
     read_scenario_dict,
 )
 
