@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -49,12 +49,17 @@ def simulate(
         "sketch: as summary, with the latency samples as a fixed-size sketch (percentiles "
         "within a relative 3.05e-5 or 1 ns). Default: the scenario's records (full).")
     ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help=YES_HELP)] = False,
 ) -> None:
     """Simulate SCENARIO and print a summary; with --out, write the run directory."""
     from sim.llm import StepInvariantError, run_any
+    from sim.preflight import check, estimate_run
 
     try:
-        result = run_any(scenario, overrides=set_ or None, records=records)
+        loaded = sim_load(scenario, set_)
+        if not yes:
+            check(estimate_run(loaded, records), "run")
+        result = run_any(loaded, records=records)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -86,6 +91,8 @@ DRAIN_HELP = ("Stop draining this long after the last arrival (default: the wind
               "what is left counts as in flight (censored).")
 MAX_WALL_HELP = "Refuse when the predicted wall time exceeds this (seconds)."
 FORCE_HELP = "Run live even when the simulator predicts an unstable or too long run."
+YES_HELP = ("Run even when the pre-flight estimate exceeds the budget (4 GiB of memory, "
+            "10 minutes); without it such work is refused with the estimate.")
 
 
 def _title(name: str, meta: dict[str, object]) -> str:
@@ -99,7 +106,7 @@ def _title(name: str, meta: dict[str, object]) -> str:
 @app.command()
 def demo(out: Annotated[Path | None, typer.Option("--out", "-o")] = None) -> None:
     """Simulate the shipped dynamic-batching demo scenario and print its summary."""
-    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records=None)
+    simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records=None, yes=False)
 
 
 @app.command("compile")
@@ -186,6 +193,7 @@ def calibrate(
         min=0, help="Also time this many cold starts (build the runner, load weights, move to "
         "the device, first forward): autoscaled scenarios draw new replicas' start-up from "
         "them.")] = 0,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help=YES_HELP)] = False,
 ) -> None:
     """Measure a model's batched latency curve; write the profile JSON and an HTML report.
 
@@ -209,9 +217,19 @@ def calibrate(
                         batch_sizes=batch_sizes, reps=reps, warmup=warmup, seed=seed,
                         compile=compile_, params=param or [], out=out, console=console,
                         cold_idle_ms=cold_idle_ms, cold_reps=cold_reps,
-                        cold_after_ms=cold_after_ms, load_reps=load_reps)
+                        cold_after_ms=cold_after_ms, load_reps=load_reps,
+                        before_run=None if yes else _calibration_budget(reps + warmup))
     except USER_ERRORS as exc:
         fail(str(exc))
+
+
+def _calibration_budget(runs_per_size: int) -> Callable[[object, list[int]], None]:
+    """The pre-flight check of a calibration (one timed batch, then the estimate)."""
+    from sim.preflight import check, estimate_calibration
+
+    def before_run(runner: object, sizes: list[int]) -> None:
+        check(estimate_calibration(runner, sizes, runs_per_size), "calibration")
+    return before_run
 
 
 @app.command("live")
@@ -483,6 +501,7 @@ def sweep_cmd(
         "full: each keeps its tables while it runs (same numbers, more memory); sketch: "
         "summary with fixed-size latency sketches (percentiles within a relative 3.05e-5).")
     ] = "summary",
+    yes: Annotated[bool, typer.Option("--yes", "-y", help=YES_HELP)] = False,
 ) -> None:
     """Simulate every grid point with every seed; results.parquet, CSV and an HTML report.
 
@@ -499,7 +518,7 @@ def sweep_cmd(
         with bar:  # type: ignore[attr-defined]
             frame = sweep(base, grid_dict, seeds, workers=workers, dask=dask, out_dir=out,
                           progress=lambda d, t: bar.update(task, completed=d, total=t),  # type: ignore[attr-defined]
-                          records=records)
+                          records=records, yes=yes)
     except KeyboardInterrupt:
         fail(f"interrupted; finished runs are kept in {out / 'runs.jsonl'} (re-run to resume)",
              code=130)
@@ -546,6 +565,7 @@ def capacity_cmd(
     workers: Annotated[int | None, typer.Option()] = None,
     dask: Annotated[str | None, typer.Option()] = None,
     set_: Annotated[list[str] | None, typer.Option("--set")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help=YES_HELP)] = False,
 ) -> None:
     """The highest load at which SCENARIO holds the SLO (bracketing + bisection)."""
     from sim.experiments.capacity import capacity
@@ -553,7 +573,7 @@ def capacity_cmd(
 
     try:
         result = capacity(sim_load(scenario, set_), slo, over=over, seeds=seeds,
-                          tol=tol, workers=workers, dask=dask)
+                          tol=tol, workers=workers, dask=dask, yes=yes)
     except USER_ERRORS as exc:
         fail(str(exc))
         return

@@ -44,7 +44,7 @@ from sim.folds import (
     RequestFold,
     stats_ms,
 )
-from sim.stability import unmeasurable, TREND_SEGMENTS, trend_of, verdict
+from sim.stability import TREND_SEGMENTS, trend_of, unmeasurable, verdict
 from sim.types import ERROR_CAUSES, STATUS_CATEGORIES
 from sim.window import Window
 

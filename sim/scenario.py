@@ -581,7 +581,7 @@ def check_run_args(*, service_seed: object = None, drain_timeout_s: object = Non
         raise ScenarioError(f"service_seed: {service_seed!r} must be an integer >= 0 (or None)")
     if drain_timeout_s is not None and (isinstance(drain_timeout_s, bool) or not isinstance(
             drain_timeout_s, numbers.Real) or not (
-            math.isfinite(drain_timeout_s) and drain_timeout_s >= 0)):  # type: ignore[arg-type]
+            math.isfinite(float(drain_timeout_s)) and float(drain_timeout_s) >= 0)):
         raise ScenarioError(f"drain_timeout_s: {drain_timeout_s!r} must be a finite number of "
                             "seconds >= 0 (or None: drain every request)")
 
