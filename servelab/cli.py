@@ -515,10 +515,20 @@ def sweep_cmd(
         base = sim_load(scenario, set_)
         grid_dict = parse_grid(grid)
         bar, task = _progress_bar("runs")
-        with bar:  # type: ignore[attr-defined]
+        shown: list[bool] = []
+
+        def progress(done: int, total: int) -> None:
+            if not shown:  # the bar appears with the first run, after every check passed
+                bar.start()  # type: ignore[attr-defined]
+                shown.append(True)
+            bar.update(task, completed=done, total=total)  # type: ignore[attr-defined]
+
+        try:
             frame = sweep(base, grid_dict, seeds, workers=workers, dask=dask, out_dir=out,
-                          progress=lambda d, t: bar.update(task, completed=d, total=t),  # type: ignore[attr-defined]
-                          records=records, yes=yes)
+                          progress=progress, records=records, yes=yes)
+        finally:
+            if shown:
+                bar.stop()  # type: ignore[attr-defined]
     except KeyboardInterrupt:
         fail(f"interrupted; finished runs are kept in {out / 'runs.jsonl'} (re-run to resume)",
              code=130)

@@ -177,7 +177,10 @@ def _extra_events(scenario: Any, horizon_s: float) -> tuple[float, float, str | 
     if cfg is not None:
         cold_s = cfg.cold_start_s or 0.0
         ticks = (horizon_s + cold_s) / cfg.control_period_s
-        driver, verb = (("autoscaling.cold_start_s", "lower") if cold_s > horizon_s
+        # the autoscaler ticks until a scaled-from-zero replica is up: an hours-long cold
+        # start is what to lower, else the period is what to raise
+        driver, verb = (("autoscaling.cold_start_s", "lower")
+                        if cold_s > max(10 * horizon_s, 3600.0)
                         else ("autoscaling.control_period_s", "raise"))
     w = scenario.workload
     if w.kind == "mmpp":
