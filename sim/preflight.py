@@ -87,13 +87,14 @@ def _duration(s: float) -> str:
 
 
 def check(estimate: Estimate, what: str, *, yes: bool = False,
-          budget: Budget = BUDGET) -> None:
-    """Refuse ``estimate`` beyond ``budget`` unless ``yes``.
+          budget: Budget | None = None) -> None:
+    """Refuse ``estimate`` beyond ``budget`` (default :data:`BUDGET`) unless ``yes``.
 
     Raises:
         BudgetError: one line naming the estimate, the budget, the field that drives the
             cost, and ``--yes``.
     """
+    budget = BUDGET if budget is None else budget
     if yes or (estimate.memory_bytes <= budget.memory_bytes and estimate.time_s <= budget.time_s):
         return
     raise BudgetError(f"{estimate.driver}: this {what} would take {estimate.text()}, beyond "
