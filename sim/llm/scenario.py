@@ -191,6 +191,11 @@ class _KvCfg(_Strict):
         if self.num_gpu_blocks is not None and self.gpu_memory_gb is not None:
             raise ValueError("policy.num_gpu_blocks: give either num_gpu_blocks or "
                              "gpu_memory_gb, not both")
+        if self.gpu_memory_gb is not None and self.kv_bytes_per_token is not None:
+            blocks = self.gpu_memory_gb * 2**30 / (self.block_size * self.kv_bytes_per_token)
+            if not blocks <= MAX_COUNT:  # also inf
+                raise ValueError(f"policy.gpu_memory_gb: {self.gpu_memory_gb:g} GB makes "
+                                 f"{blocks:.3g} KV blocks, above {MAX_COUNT}")
         return self
 
     def blocks(self) -> int:

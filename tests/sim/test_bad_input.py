@@ -159,6 +159,9 @@ ISSUE_28_CASES = [
     ("closed loop of 1e9 clients (pre-flight)", lambda t: with_(
         "", workload={"kind": "closed", "clients": 10**9, "think_ms": 1, "duration_s": 10}),
      "workload.duration_s: this run would take"),
+    ("llm KV memory beyond 2**53 blocks", lambda t: llm_with(
+        "", policy={"kind": "vllm", "gpu_memory_gb": 1e300, "kv_bytes_per_token": 1}),
+     "policy.gpu_memory_gb"),
     ("llm 1e9 output tokens that fit (pre-flight)", lambda t: llm_with(
         "", workload={**LLM["workload"], "output_tokens": 10**9},
         policy={"kind": "vllm", "num_gpu_blocks": 10**9}), "workload.output_tokens"),
@@ -338,6 +341,17 @@ def test_bad_dashboard_uploads_are_one_clear_line(label, data, name, text) -> No
         parse_upload(data, name)
     message = str(info.value)
     assert text in message and name in message and "\n" not in message
+
+
+def test_a_calibration_beyond_the_budget_is_refused_with_its_estimate(tmp_path) -> None:
+    pytest.importorskip("torch")
+    result = CliRunner().invoke(app, ["calibrate", "--model", "mlp", "--device", "cpu",
+                                      "--threads", "1", "--batch-sizes", "1-1000000000",
+                                      "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "--batch-sizes: this calibration would take" in error[0]
+    assert "pass --yes" in error[0] and not (tmp_path / "p.json").exists()
 
 
 def test_at_least_thirty_bad_inputs_are_covered() -> None:
