@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import re
 import typing
 from importlib import resources
 from pathlib import Path
@@ -567,7 +568,30 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel] | None =
         unions: Section name -> discriminated union (``kind`` tags), e.g. ``policy``.
         sections: Section name -> plain model, for "allowed keys" of unknown keys.
     """
-    return "; ".join(sorted({_format(dict(e), root, unions, sections) for e in exc.errors()}))
+    kept: list[dict[str, Any]] = []
+    shape: dict[tuple[Any, ...], bool] = {}  # union field -> its input is a mapping
+    labelled: list[tuple[tuple[Any, ...], bool, dict[str, Any]]] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        at = next((i for i, p in enumerate(loc) if _UNION_LABEL.fullmatch(str(p))), None)
+        if at is None:
+            kept.append(dict(error))
+            continue
+        # a plain union (a number or a mapping) reports once per member, each labelled in
+        # its path ("constrained-int", "tagged-union[...]"): keep the member that matches
+        # the input's shape, and drop the labels from the path
+        field, mapping_member = loc[:at], "[" in str(loc[at])
+        if len(loc) == at + 1:
+            shape[field] = isinstance(error.get("input"), dict)
+        bare = tuple(p for p in loc if not _UNION_LABEL.fullmatch(str(p)))
+        labelled.append((field, mapping_member, {**error, "loc": bare}))
+    for field, mapping_member, member_error in labelled:
+        if shape.get(field, mapping_member) == mapping_member:
+            kept.append(member_error)
+    return "; ".join(sorted({_format(e, root, unions, sections) for e in kept}))
+
+
+_UNION_LABEL = re.compile(r"[a-z]+-[a-z-]+(\[.*\])?|[a-z]+\[.*\]")
 
 
 def check_run_args(*, service_seed: object = None, drain_timeout_s: object = None) -> None:

@@ -159,6 +159,9 @@ ISSUE_28_CASES = [
     ("closed loop of 1e9 clients (pre-flight)", lambda t: with_(
         "", workload={"kind": "closed", "clients": 10**9, "think_ms": 1, "duration_s": 10}),
      "workload.duration_s: this run would take"),
+    ("llm output_tokens 2**62 (one message, not one per union member)",
+     lambda t: llm_with("workload", output_tokens=2**62),
+     "error: workload.output_tokens: Input should be less than or equal to 9007199254740991"),
     ("llm KV memory beyond 2**53 blocks", lambda t: llm_with(
         "", policy={"kind": "vllm", "gpu_memory_gb": 1e300, "kv_bytes_per_token": 1}),
      "policy.gpu_memory_gb"),
