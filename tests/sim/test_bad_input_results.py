@@ -59,6 +59,10 @@ def test_api_arguments_are_checked_by_name(label, kwargs, text) -> None:
         sim.run(GOOD, **kwargs)
 
 
+def test_an_infinite_drain_timeout_drains_every_request() -> None:
+    assert sim.run(GOOD, drain_timeout_s=math.inf).summary == sim.run(GOOD).summary
+
+
 def test_a_self_referencing_params_dict_is_refused_before_the_run() -> None:
     params: dict = {}
     params["self"] = params
