@@ -17,7 +17,7 @@ from servelab.cli import app
 from sim.build import policy_batch_sizes
 from sim.experiments import sweep
 from sim.experiments.capacity import capacity
-from sim.experiments.sweep import ExperimentError, read_runs
+from sim.experiments.resume import ResumeError, read_runs
 from sim.llm import run_any
 from sim.preflight import BudgetError, estimate_run
 from sim.scenario import ScenarioError, load_scenario
@@ -242,5 +242,5 @@ def test_a_torn_last_line_is_dropped_and_rerun(tmp_path) -> None:
 def test_a_broken_middle_line_names_the_line(tmp_path) -> None:
     log = tmp_path / "runs.jsonl"
     log.write_text('{"key": "a"}\n{not json\n{"key": "b"}\n')
-    with pytest.raises(ExperimentError, match="line 2 is not a JSON row"):
+    with pytest.raises(ResumeError, match="line 2 is not a JSON row"):
         read_runs(log)
