@@ -39,7 +39,7 @@ def data_path(path: str | Path, field: str = "workload.path") -> Path:
 
         folder = resources.files("servelab") / "data"
         shipped = sorted(p.name for p in folder.iterdir() if p.is_file()
-                         and not p.name.startswith(("_", ".")))
+                         and p.name.endswith(".csv"))
         name = text.removeprefix("builtin:")
         if name not in shipped:
             raise WorkloadError(f"{field}: {text!r} is not a shipped data file; available: "
