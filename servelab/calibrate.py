@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,20 @@ def run_calibration(*, model: str, device: str, dtype: str, threads: int | None,
                     batch_sizes: str, reps: int, warmup: int, seed: int, compile: bool,
                     params: list[str], out: Path, console: Console, cold_idle_ms: float = 0.0,
                     cold_reps: int | None = None, cold_after_ms: float = 10.0,
-                    load_reps: int = 0) -> LatencyProfile | None:
+                    load_reps: int = 0,
+                    before_run: Callable[[Any, list[int]], None] | None = None,
+                    ) -> LatencyProfile | None:
     """Build the runner, sweep with a progress bar, write profile + report (also on Ctrl-C);
     with ``load_reps`` also time that many cold starts (:mod:`calibration.cold_start`).
     """
     sizes = parse_batch_sizes(batch_sizes)
+    for name, value in (("--reps", reps), ("--warmup", warmup)):
+        if value < (1 if name == "--reps" else 0):
+            raise UserError(f"{name} {value}: must be >= {1 if name == '--reps' else 0}")
     runner = build_runner(model, device=device, dtype=dtype, threads=threads, compile=compile,
                           params=parse_params(params))
+    if before_run is not None:  # the CLI's pre-flight estimate (may refuse)
+        before_run(runner, sizes)
     info = runner.describe()
     where = info.get("device", {})
     console.print(f"calibrating [bold]{runner.name}[/] on {where.get('name', where)} "

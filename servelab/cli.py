@@ -69,14 +69,19 @@ def simulate(
     format_: Annotated[str, typer.Option(
         "--format", help="Table files in the run directory: parquet (default) or csv.")
     ] = "parquet",
+    yes: Annotated[bool, typer.Option("--yes", "-y", help=YES_HELP)] = False,
 ) -> None:
     """Simulate SCENARIO and print a summary; with --out, write the run directory."""
+    from sim.experiments.preflight import check, estimate_run
     from sim.llm import StepInvariantError, run_any
 
     if format_ not in TABLE_FORMATS:
         fail(f"--format {format_!r}: allowed: {', '.join(TABLE_FORMATS)}")
     try:
-        result = run_any(scenario, overrides=set_ or None, records=records)
+        loaded = sim_load(scenario, set_)
+        if not yes:
+            check(estimate_run(loaded, records), "run")
+        result = run_any(loaded, records=records)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -136,6 +141,10 @@ def _with_model(scenario: str, set_: list[str] | None, model: str | None) -> lis
     return [*(set_ or []), f"model.name={model}"]
 
 
+YES_HELP = ("Run even when the pre-flight estimate exceeds the budget (4 GiB of memory, "
+            "10 minutes); without it such work is refused with the estimate.")
+
+
 def _title(name: str, meta: dict[str, object]) -> str:
     wall = meta.get("wall_s")
     rate = meta.get("requests_per_wall_s")
@@ -149,7 +158,7 @@ def demo(out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Run directory to write.")] = None) -> None:
     """Simulate the shipped dynamic-batching demo scenario and print its summary."""
     simulate("builtin:dyn-demo", out=out, set_=None, quiet=False, records=None,
-             format_="parquet")
+             format_="parquet", yes=False)
 
 
 @app.command("init")
@@ -284,7 +293,8 @@ def calibrate(
         min=1, help="With --model llm: refuse a calibration estimated to take longer than "
         "this (seconds) unless --yes.")] = 600.0,
     yes: Annotated[bool, typer.Option(
-        "--yes", help="Run even when the estimate exceeds --budget-s.")] = False,
+        "--yes", "-y", help="Run even when the pre-flight estimate exceeds the budget (4 GiB, "
+        "10 minutes), or (--model llm) the time estimate exceeds --budget-s.")] = False,
 ) -> None:
     """Measure a model's batched latency curve; write the profile JSON and an HTML report.
 
@@ -320,9 +330,19 @@ def calibrate(
                         batch_sizes=batch_sizes, reps=reps, warmup=warmup, seed=seed,
                         compile=compile_, params=param or [], out=out, console=console,
                         cold_idle_ms=cold_idle_ms, cold_reps=cold_reps,
-                        cold_after_ms=cold_after_ms, load_reps=load_reps)
+                        cold_after_ms=cold_after_ms, load_reps=load_reps,
+                        before_run=None if yes else _calibration_budget(reps + warmup))
     except USER_ERRORS as exc:
         fail(str(exc))
+
+
+def _calibration_budget(runs_per_size: int) -> Callable[[object, list[int]], None]:
+    """The pre-flight check of a calibration (one timed batch, then the estimate)."""
+    from sim.experiments.preflight import check, estimate_calibration
+
+    def before_run(runner: object, sizes: list[int]) -> None:
+        check(estimate_calibration(runner, sizes, runs_per_size), "calibration")
+    return before_run
 
 
 @app.command("live")
@@ -598,6 +618,7 @@ def sweep_cmd(
         "full: each keeps its tables while it runs (same numbers, more memory); sketch: "
         "summary with fixed-size latency sketches (percentiles within a relative 3.05e-5).")
     ] = "summary",
+    yes: Annotated[bool, typer.Option("--yes", "-y", help=YES_HELP)] = False,
 ) -> None:
     """Simulate every grid point with every seed; results.parquet, CSV and an HTML report.
 
@@ -611,10 +632,20 @@ def sweep_cmd(
         base = sim_load(scenario, set_)
         grid_dict = parse_grid(grid)
         bar, task = _progress_bar("runs")
-        with bar:  # type: ignore[attr-defined]
+        shown: list[bool] = []
+
+        def progress(done: int, total: int) -> None:
+            if not shown:  # the bar appears with the first run, after every check passed
+                bar.start()  # type: ignore[attr-defined]
+                shown.append(True)
+            bar.update(task, completed=done, total=total)  # type: ignore[attr-defined]
+
+        try:
             frame = sweep(base, grid_dict, seeds, workers=workers, dask=dask, out_dir=out,
-                          progress=lambda d, t: bar.update(task, completed=d, total=t),  # type: ignore[attr-defined]
-                          records=records)
+                          progress=progress, records=records, yes=yes)
+        finally:
+            if shown:
+                bar.stop()  # type: ignore[attr-defined]
     except KeyboardInterrupt:
         fail(f"interrupted; finished runs are kept in {out / 'runs.jsonl'} (re-run to resume)",
              code=130)
@@ -666,6 +697,7 @@ def capacity_cmd(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a base field, e.g. --set policy.max_batch_size=16 "
         "(repeatable).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help=YES_HELP)] = False,
 ) -> None:
     """The highest load at which SCENARIO holds the SLO (bracketing + bisection)."""
     from sim.experiments.capacity import capacity, check_objectives
@@ -674,11 +706,10 @@ def capacity_cmd(
     try:
         base = sim_load(scenario, set_)
         check_objectives(base, slo)  # a bad objective: one error line, before progress
-        console.print(f"[dim]searching {over} for {' '.join(slo)}: {seeds} runs per "
-                      "candidate; doubling or halving until bracketed, then bisecting[/]",
-                      soft_wrap=True)
+        header = (f"searching {over} for {' '.join(slo)}: {seeds} runs per candidate; "
+                  "doubling or halving until bracketed, then bisecting")
         result = capacity(base, slo, over=over, seeds=seeds, tol=tol, workers=workers,
-                          dask=dask, on_step=_step_printer())
+                          dask=dask, on_step=_step_printer(header), yes=yes)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -693,15 +724,19 @@ def capacity_cmd(
         console.print(f"written: {out / 'capacity.json'}")
 
 
-def _step_printer() -> Callable[[Any], None]:
+def _step_printer(header: str | None = None) -> Callable[[Any], None]:
     """A progress line per search candidate: its value, the verdict, and an honest ETA
     (mean time per candidate so far × the candidates left, once the answer is bracketed).
+    ``header`` is printed before the first line (once the search's arguments were accepted).
     """
     import time
 
     start = time.perf_counter()
+    pending = [header] if header else []
 
     def show(step: Any) -> None:
+        while pending:
+            console.print(f"[dim]{pending.pop()}[/]", highlight=False, soft_wrap=True)
         elapsed = time.perf_counter() - start
         metrics = ", ".join(f"{k} {v:.4g}" for k, v in step.values.items())
         if step.left is None:

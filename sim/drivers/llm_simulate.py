@@ -24,6 +24,7 @@ from sim.metrics.window import horizon_s as window_horizon_s
 from sim.scenario.build import WORKLOADS, Streams, _knobs, build_fleet
 from sim.scenario.hash_workload import hash_workload
 from sim.scenario.llm import LlmScenario, load_llm_scenario
+from sim.scenario.schema import check_run_args
 from sim.scenario.step_time import LinearStepModel, ProfileStepModel, StepModel
 from sim.scenario.tokens import request_tokens
 from sim.scenario.workloads import ArrivalSchedule, OpenLoop
@@ -240,10 +241,10 @@ def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.
     if steps.empty:
         steps = pd.DataFrame({k: np.empty(0) for k in vars(core.steps)})
     end = int(core.token_offset[n])
-    counts = core.output_tokens[:n]
+    counts = np.diff(core.token_offset[:n + 1])  # no slots for a request refused on arrival
     tokens = pd.DataFrame({
-        "id": np.repeat(np.arange(n, dtype=np.int32), counts),
-        "index": (np.arange(end) - np.repeat(core.token_offset[:n], counts)).astype(np.int32),
+        "id": np.repeat(np.arange(n, dtype=np.int64), counts),
+        "index": (np.arange(end) - np.repeat(core.token_offset[:n], counts)).astype(np.int64),
         "time_s": core.token_s[:end]})
     queue = pd.DataFrame({"time_s": np.asarray(core.queue_time_s),
                           "queue": np.asarray(core.queue_replica, dtype=np.int32),
@@ -266,6 +267,7 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
         ScenarioError: the scenario is invalid.
         StepInvariantError: a step broke a limit or lost a token (a bug).
     """
+    check_run_args(drain_timeout_s=drain_timeout_s)
     scn = load_llm_scenario(scenario, overrides)
     t0 = time.perf_counter()
     core = build_llm_core(scn)

@@ -23,7 +23,7 @@ from sim.scenario.build import (
     build_service,
     slo_s,
 )
-from sim.scenario.schema import Scenario, ScenarioError, load_scenario
+from sim.scenario.schema import Scenario, ScenarioError, check_run_args, load_scenario
 from sim.serving.records import (
     LEAN_RECORDS,
     RECORDS,
@@ -81,6 +81,7 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
     """
     if records is not None and records not in RECORDS:
         raise ScenarioError(f"records: {records!r} is not one of {list(RECORDS)}")
+    check_run_args(service_seed=service_seed, drain_timeout_s=drain_timeout_s)
     scn = load_scenario(scenario, overrides)
     records = scn.records if records is None else records
     t0 = time.perf_counter()

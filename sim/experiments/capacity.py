@@ -89,8 +89,12 @@ def parse_slo(items: Sequence[str] | Mapping[str, float]) -> dict[str, float]:
             number = float(value)
         except (TypeError, ValueError):
             raise ExperimentError(f"--slo {key}={value!r}: must be a number") from None
-        if not number >= 0:
-            raise ExperimentError(f"--slo {key}={value!r}: must be >= 0")
+        if not (math.isfinite(number) and number >= 0):
+            raise ExperimentError(f"--slo {key}={value!r}: must be a finite number >= 0")
+        if key in ("error_rate", "goodput_frac") and number > 1:
+            raise ExperimentError(f"--slo {key}={value!r}: a fraction; allowed: 0 to 1")
+        if key.endswith("_ms") and number == 0:
+            raise ExperimentError(f"--slo {key}={value!r}: a latency objective must be > 0")
         slo[key] = number
     if not slo:
         raise ExperimentError("--slo: give at least one objective, e.g. p99_ms=100")
@@ -197,7 +201,15 @@ def _check_goodput_slo(scenario: Scenario | LlmScenario,
                               "scenario; add --set slo.ttft_ms=...")
 
 
+# Knobs that set the offered load (the search doubles and halves them). Other fields (the
+# run's length, a batch size) are not a load: doubling n_requests only makes runs longer.
+LOAD_KNOBS = ("workload.rate_rps", "workload.rate_scale", "workload.clients")
+
+
 def _current(scenario: Scenario | LlmScenario, dotted: str) -> float:
+    if dotted not in LOAD_KNOBS:
+        raise ExperimentError(f"--over {dotted!r}: not a load knob; allowed: "
+                              f"{', '.join(LOAD_KNOBS)}")
     node: Any = scenario.model_dump()
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -213,14 +225,26 @@ def capacity(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
              slo: Mapping[str, float] | Sequence[str], *, over: str = "workload.rate_rps",
              seeds: int = 3, tol: float = 0.02, workers: int | None = None,
              dask: str | None = None, progress: Progress | None = None,
-             max_steps: int = 40, on_step: OnStep | None = None) -> CapacityResult:
+             max_steps: int = 40, on_step: OnStep | None = None,
+             yes: bool = False) -> CapacityResult:
     """The highest value of ``over`` at which the scenario holds ``slo``.
 
-    ``on_step`` is called after each candidate with a :class:`SearchStep` (progress).
+    ``over`` is one of :data:`LOAD_KNOBS`. ``on_step`` is called after each candidate with a
+    :class:`SearchStep` (progress). Each candidate is estimated before it runs
+    (:mod:`sim.experiments.preflight`); beyond the budget the search stops with a
+    :class:`sim.experiments.preflight.BudgetError` unless ``yes``.
+
+    Raises:
+        ExperimentError: bad arguments, a failed run, or no candidate holds the SLO.
     """
     base = load_any(scenario)
     objectives = parse_slo(slo)
     _check_goodput_slo(base, objectives)
+    if not (isinstance(tol, int | float) and math.isfinite(tol) and 0 < tol < 1):
+        raise ExperimentError(f"--tol {tol!r}: the bracket's relative width; allowed: a "
+                              "number between 0 and 1 (exclusive), e.g. 0.02")
+    if not (isinstance(seeds, int) and seeds >= 1):
+        raise ExperimentError(f"--seeds {seeds!r}: must be an integer >= 1")
     start = _current(base, over)
     evaluations: list[dict[str, Any]] = []
     runs: list[pd.DataFrame] = []
@@ -230,7 +254,9 @@ def capacity(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
     def check(value: float) -> bool:
         if value in cache:
             return cache[value]
-        rows = sweep(base, {over: [value]}, seeds, workers=workers, dask=dask)
+        if not yes:
+            _check_candidate(base, over, value, seeds, workers, len(evaluations) == 0)
+        rows = sweep(base, {over: [value]}, seeds, workers=workers, dask=dask, yes=True)
         raise_failed(rows, f"{over}={value:g}")
         ok, values = meets(rows, objectives)
         runs.append(rows)
@@ -261,9 +287,11 @@ def capacity(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
             hi, lo = lo, lo / 2
             steps += 1
             if steps > max_steps or lo < start * 1e-6:
-                return CapacityResult(over, 0.0, (0.0, hi), objectives,
-                                      pd.DataFrame(evaluations), pd.concat(runs))
-    bracket[:] = [lo, hi]
+                best = _closest(evaluations, objectives)
+                raise ExperimentError(f"capacity: no candidate holds {objectives} (tried "
+                                      f"{over} down to {lo:.4g}, {len(evaluations)} "
+                                      f"candidates; {best}); loosen the SLO or check the "
+                                      "service times")
     while hi / lo - 1 > tol and steps < max_steps:
         mid = math.sqrt(lo * hi)
         if check(mid):
@@ -273,6 +301,40 @@ def capacity(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
         steps += 1
     evals = pd.DataFrame(evaluations).sort_values("value").reset_index(drop=True)
     return CapacityResult(over, lo, (lo, hi), objectives, evals, pd.concat(runs))
+
+
+def _closest(evaluations: list[dict[str, Any]], objectives: Mapping[str, float]) -> str:
+    """The lowest candidate's measured value of each objective, in words."""
+    if not evaluations:
+        return "no candidate ran"
+    low = min(evaluations, key=lambda e: e["value"])
+    return "at the lowest: " + ", ".join(f"{k} {low.get(k, math.nan):.4g}" for k in objectives)
+
+
+# A search evaluates about this many candidates (bracketing, then bisection to --tol).
+TYPICAL_CANDIDATES = 12
+
+
+def _check_candidate(base: Scenario | LlmScenario, over: str, value: float, seeds: int,
+                     workers: int | None, first: bool) -> None:
+    """The pre-flight check of one candidate (the whole search before the first one).
+
+    Raises:
+        BudgetError: beyond :data:`sim.experiments.preflight.BUDGET`, naming the candidate.
+    """
+    import os
+
+    from sim.experiments.preflight import check, estimate_many, estimate_run
+
+    one = estimate_run(load_any(base, {over: value}))
+    n = workers or os.cpu_count() or 1
+    if first:
+        check(estimate_many([one] * seeds * TYPICAL_CANDIDATES, n,
+                            f"runs (about {TYPICAL_CANDIDATES} candidates x {seeds} seeds)"),
+              "capacity search")
+    else:
+        check(estimate_many([one] * seeds, n, f"runs at {over}={value:.4g}"),
+              "capacity candidate")
 
 
 def replicas_needed(scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import UserError
+from sim.experiments.resume import check_same_sweep, read_runs, servelab_version
 from sim.metrics.summary import ok_requests
 from sim.scenario.schema import Scenario
 from sim.serving.records import RECORDS
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from sim.scenario.llm import LlmScenario
 
 Progress = Callable[[int, int], None]  # (finished, total)
+MAX_GRID_VALUES = 10_000  # values of one --grid key
+MAX_TASKS = 100_000  # runs of one sweep (grid points x seeds)
 
 
 class ExperimentError(UserError):
@@ -53,8 +56,12 @@ def flatten(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return row
 
 
-def _key(point: Mapping[str, Any], seed: int) -> str:
-    text = json.dumps({"point": point, "seed": seed}, sort_keys=True, default=str)
+def _key(resolved: Mapping[str, Any], seed: int, records: str, version: str) -> str:
+    """A run's resume key: the whole resolved scenario (grid point applied), its seed, the
+    records mode and the servelab version, so a changed scenario or servelab is a new run.
+    """
+    text = json.dumps({"scenario": {**resolved, "seed": seed}, "records": records,
+                       "servelab": version}, sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -99,14 +106,24 @@ def parse_grid_value(text: str) -> list[Any]:
             start, stop, step = (float(p) for p in parts)
         except ValueError:
             raise ExperimentError(f"--grid {text!r}: range bounds must be numbers") from None
+        if not all(math.isfinite(v) for v in (start, stop, step)):
+            raise ExperimentError(f"--grid {text!r}: START, STOP and STEP must be finite "
+                                  "numbers")
         if step <= 0 or stop < start:
             raise ExperimentError(f"--grid {text!r}: need STEP > 0 and STOP >= START")
+        count = math.floor((stop - start) / step + 0.5) + 1
+        if count > MAX_GRID_VALUES:
+            raise ExperimentError(f"--grid {text!r}: {count:,} values; at most "
+                                  f"{MAX_GRID_VALUES:,} per key (raise STEP)")
         values = list(np.arange(start, stop + step / 2, step))
         as_int = all(float(v).is_integer() for v in (start, stop, step))
         return [int(v) if as_int else round(float(v), 10) for v in values]
     values = [yaml.safe_load(v) for v in text.split(",") if v.strip()]
     if not values:
         raise ExperimentError(f"--grid {text!r}: no values")
+    for value in values:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ExperimentError(f"--grid {text!r}: {value} is not a finite number")
     return values
 
 
@@ -118,6 +135,9 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
             raise ExperimentError(f"--grid {item!r}: expected KEY=VALUES, e.g. "
                                   "policy.max_batch_size=1,2,4,8")
         key, values = item.split("=", 1)
+        if key.strip() in grid:
+            raise ExperimentError(f"--grid {key.strip()}: given twice; give all its values in "
+                                  f"one --grid, e.g. {key.strip()}=1,2,4")
         grid[key.strip()] = parse_grid_value(values)
     return grid
 
@@ -139,12 +159,19 @@ def tasks_for(base: Scenario | LlmScenario, grid: Mapping[str, Sequence[Any]],
         raise ExperimentError("seeds: need at least one")
     base_dict = base.model_dump(mode="json")
     keys = list(grid)
+    version = servelab_version()
+    total = math.prod(len(grid[k]) for k in keys) * len(seed_list)
+    if total > MAX_TASKS:
+        raise ExperimentError(f"--grid: {total:,} runs (grid points x seeds); at most "
+                              f"{MAX_TASKS:,} in one sweep")
     out = []
     for combo in product(*(grid[k] for k in keys)):
         point = dict(zip(keys, combo, strict=True))
-        load_any(base_dict, point)  # fail fast, naming the field, before any run
+        # fail fast, naming the field, before any run
+        resolved = load_any(base_dict, point).model_dump(mode="json")
         for seed in seed_list:
-            out.append(Task(base_dict, point, int(seed), _key(point, int(seed)), records))
+            out.append(Task(base_dict, point, int(seed),
+                            _key(resolved, int(seed), records, version), records))
     return out
 
 
@@ -206,7 +233,8 @@ def _execute_dask(tasks: Sequence[Task], address: str, progress: Progress | None
 def sweep(base_scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
           grid: Mapping[str, Sequence[Any]], seeds: int | Sequence[int] = 5, *,
           workers: int | None = None, dask: str | None = None, out_dir: str | Path | None = None,
-          progress: Progress | None = None, records: str = "summary") -> pd.DataFrame:
+          progress: Progress | None = None, records: str = "summary",
+          yes: bool = False) -> pd.DataFrame:
     """Simulate every grid point with every seed.
 
     Args:
@@ -220,6 +248,8 @@ def sweep(base_scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
         records: ``summary`` (default): each run keeps only what its summary needs, so a
             long run fits in little memory (the same numbers as ``full``; see
             :func:`sim.run`).
+        yes: Run even when the pre-flight estimate (:mod:`sim.experiments.preflight`) exceeds the
+            budget; otherwise such a sweep raises :class:`sim.experiments.preflight.BudgetError`.
 
     Returns:
         One row per run: every grid value, ``seed``, ``error`` and every summary metric
@@ -227,18 +257,26 @@ def sweep(base_scenario: Scenario | LlmScenario | dict[str, Any] | str | Path,
     """
     base = load_any(base_scenario)
     tasks = tasks_for(base, grid, seeds, records)
+    if not yes:
+        from sim.experiments.preflight import Estimate, check, estimate_many, estimate_run
+
+        by_point: dict[str, Estimate] = {}
+        estimates = []
+        for t in tasks:
+            point_key = json.dumps(t.point, sort_keys=True, default=str)
+            if point_key not in by_point:
+                by_point[point_key] = estimate_run(load_any(t.base, t.point), records)
+            estimates.append(by_point[point_key])
+        check(estimate_many(estimates, workers or os.cpu_count() or 1, "runs"), "sweep")
     order = {t.key: i for i, t in enumerate(tasks)}
     rows: dict[str, dict[str, Any]] = {}
     log: Path | None = None
     if out_dir is not None:
         log = Path(out_dir) / "runs.jsonl"
         log.parent.mkdir(parents=True, exist_ok=True)
-        if log.exists():
-            for line in log.read_text().splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    if row.get("key") in order and not row.get("error"):
-                        rows[row["key"]] = row
+        check_same_sweep(Path(out_dir), base, records)
+        rows = {key: row for key, row in read_runs(log).items()
+                if key in order and not row.get("error")}
     todo = [t for t in tasks if t.key not in rows]
     done_before = len(tasks) - len(todo)
 

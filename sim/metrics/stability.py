@@ -95,6 +95,8 @@ def trend_of(steps: StepFold) -> Trend:
     mid = (np.arange(segments) + 0.5) * (hi_s - lo_s) / segments
     x = mid - mid.mean()
     sxx = float(np.sum(x * x))
+    if not (sxx > 0 and math.isfinite(sxx)):  # a window too short for float resolution
+        return Trend(math.nan, math.nan, float(means.mean()))
     slope = float(np.sum(x * (means - means.mean())) / sxx)
     resid = means - means.mean() - slope * x
     se = math.sqrt(float(np.sum(resid * resid)) / (segments - 2) / sxx)
@@ -154,6 +156,33 @@ def verdict(*, offered_rps: float, capacity: float, utilization: float, trend: T
             "reason": reason}
 
 
+def unmeasurable(stability: dict[str, Any], *, arrivals: int, ok: int, completions: int,
+                 in_flight: int, window_s: float) -> dict[str, Any]:
+    """The verdict of a run whose throughput says nothing, whatever the load said.
+
+    * nothing finished at all while requests stayed queued (a fixed batch larger than the
+      run, a wait that never expires): the run is stuck, not stable with throughput 0;
+    * requests finished, but none inside the window (a window shorter than one service
+      time): throughput is not measured, and is not the capacity.
+    """
+    if arrivals == 0 or completions > 0:
+        return stability
+    if ok == 0 and in_flight > 0:
+        return {**stability, "verdict": "unstable",
+                "reason": (f"no request finished: {in_flight} of {arrivals} were still "
+                           "waiting when the run ended (the policy never dispatched them, "
+                           "e.g. a batch size larger than the run or a wait that never "
+                           "expires)")}
+    if ok > 0:
+        return {**stability, "verdict": "unstable",
+                "reason": (f"the measurement window ({window_s:.3g} s) ended before any "
+                           "request finished, so throughput is not measured; lengthen the "
+                           "run (workload.duration_s or n_requests) or lower the rate")}
+    return stability
+
+
+
+
 def busy_at_low_load(summary: dict[str, Any]) -> bool:
     """Whether a ``saturated`` verdict comes only from a busy device at low offered load
     (below :data:`LOW_LOAD_RHO` of the capacity).
@@ -195,7 +224,7 @@ def stability_note(summary: dict[str, Any]) -> tuple[str, str] | None:
                         f"time{batches}; fuller batches leave room for about {1 / rho:.1f}× "
                         "this load")
     text = f"{stability['verdict']}: {stability['reason']}"
-    if stability["verdict"] == "unstable":
+    if stability["verdict"] == "unstable" and (summary.get("completions") or 0) > 0:
         text += ("; latency percentiles describe this run's length, not a steady state, and "
                  "throughput is the capacity")
     censored = int(summary.get("censored") or 0)

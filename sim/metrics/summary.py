@@ -43,7 +43,7 @@ from sim.metrics.folds import (
     RequestFold,
     stats_ms,
 )
-from sim.metrics.stability import TREND_SEGMENTS, Trend, trend_of, verdict
+from sim.metrics.stability import TREND_SEGMENTS, Trend, trend_of, unmeasurable, verdict
 from sim.metrics.window import Window
 from sim.serving.fleet import fleet_summary
 from sim.serving.types import ERROR_CAUSES, STATUS_CATEGORIES
@@ -283,6 +283,8 @@ def summary_from_folds(requests: RequestFold, batches: BatchFold, queue: QueueFo
     stability = verdict(offered_rps=offered, capacity=window.capacity_rps,
                         utilization=utilization, trend=trend_of(steps),
                         window_s=span, closed_loop=window.closed_loop, bounded=window.bounded)
+    stability = unmeasurable(stability, arrivals=arrivals, ok=ok_n, completions=completions,
+                             in_flight=counts_all["in_flight"], window_s=span)
     return {
         "driver": driver,
         "requests": arrivals,

@@ -28,12 +28,13 @@ if TYPE_CHECKING:
 
 
 def scenario_capacity_rps(scenario: Scenario, service: ServiceModel,
-                          mean_size: float = 1.0) -> float:
+                          mean_size: float = 1.0, requests: int | None = None) -> float:
     """Requests per second the scenario's fleet can finish at best (see
-    :func:`sim.metrics.stability.capacity_rps`).
+    :func:`sim.metrics.stability.capacity_rps`); ``requests``: the run's arrivals, which bound
+    the batch sizes tried.
     """
-    return capacity_rps(service.mean_s, policy_batch_sizes(scenario), scenario.fleet_size,
-                        scenario.policy.max_concurrent_batches, mean_size)
+    return capacity_rps(service.mean_s, policy_batch_sizes(scenario, requests),
+                        scenario.fleet_size, scenario.policy.max_concurrent_batches, mean_size)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def window_for(scenario: Scenario, requests: pd.DataFrame, service: ServiceModel
         slo_s=slo_s(scenario),
         price_per_replica_hour=scenario.price_per_replica_hour,
         end_s=end_s,
-        capacity_rps=scenario_capacity_rps(scenario, service, mean_size),
+        capacity_rps=scenario_capacity_rps(scenario, service, mean_size, len(requests)),
         closed_loop=scenario.workload.kind == "closed",
         bounded=sheds_load(scenario),
         has_deadlines=has_deadlines(scenario),

@@ -165,12 +165,18 @@ def draw_classes(scenario: Scenario, n: int, rng: np.random.Generator) -> Classe
                    np.array([c.priority for c in scenario.classes], np.int8)[pick], slo[pick])
 
 
-def policy_batch_sizes(scenario: Scenario) -> list[int]:
-    """The batch sizes (requests) the scenario's policy can form."""
+def policy_batch_sizes(scenario: Scenario, requests: int | None = None) -> range:
+    """The batch sizes (requests) the scenario's policy can form: up to ``max_batch_size``,
+    and no larger than the run's ``requests`` when known (a max batch of 1e9 in a run of 200
+    requests forms batches of at most 200; the range is sized by what is simulated).
+    """
     cfg = scenario.policy
     if cfg.kind == "fixed":
-        return [cfg.batch_size]
-    return list(range(1, max_batch_size(scenario) + 1))
+        return range(cfg.batch_size, cfg.batch_size + 1)
+    top = max_batch_size(scenario)
+    if requests is not None:
+        top = min(top, max(1, requests))
+    return range(1, top + 1)
 
 
 def sheds_load(scenario: Scenario) -> bool:

@@ -32,6 +32,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from sim.scenario.roofline.service import LlmRooflineServiceCfg, prepare_roofline
 from sim.scenario.schema import (
+    MAX_COUNT,
+    MAX_CV,
     AutoscalingCfg,
     ConstantWorkloadCfg,
     GammaWorkloadCfg,
@@ -42,6 +44,7 @@ from sim.scenario.schema import (
     TraceWorkloadCfg,
     _Strict,
     apply_overrides,
+    check_plain_data,
     format_validation_error,
     read_scenario_dict,
 )
@@ -54,15 +57,15 @@ class ConstantTokens(_Strict):
     """Every request has ``value`` tokens."""
 
     dist: Literal["constant"]
-    value: int = Field(ge=1)
+    value: int = Field(ge=1, le=MAX_COUNT)
 
 
 class UniformTokens(_Strict):
     """Integers uniform on [low, high]."""
 
     dist: Literal["uniform"]
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
+    low: int = Field(ge=1, le=MAX_COUNT)
+    high: int = Field(ge=1, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformTokens:
@@ -75,9 +78,9 @@ class LognormalTokens(_Strict):
     """Lognormal with the given mean and coefficient of variation, rounded, at least 1."""
 
     dist: Literal["lognormal"]
-    mean: float = Field(gt=0)
-    cv: float = Field(1.0, gt=0)
-    max: int | None = Field(None, ge=1)
+    mean: float = Field(gt=0, le=MAX_COUNT)
+    cv: float = Field(1.0, gt=0, le=MAX_CV)
+    max: int | None = Field(None, ge=1, le=MAX_COUNT)
 
 
 class EmpiricalTokens(_Strict):
@@ -90,7 +93,7 @@ class EmpiricalTokens(_Strict):
 
 TokenDist = Annotated[ConstantTokens | UniformTokens | LognormalTokens | EmpiricalTokens,
                       Field(discriminator="dist")]
-TokenSpec = Annotated[int, Field(ge=1)] | TokenDist
+TokenSpec = Annotated[int, Field(ge=1, le=MAX_COUNT)] | TokenDist
 
 
 class _Tokens(_Strict):
@@ -135,8 +138,8 @@ class LlmTraceCfg(TraceWorkloadCfg, _Tokens):
 
     prompt_tokens_column: str | None = None
     output_tokens_column: str | None = None
-    prompt_tokens_max: int | None = Field(None, ge=1)
-    output_tokens_max: int | None = Field(None, ge=1)
+    prompt_tokens_max: int | None = Field(None, ge=1, le=MAX_COUNT)
+    output_tokens_max: int | None = Field(None, ge=1, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _max_needs_column(self) -> LlmTraceCfg:
@@ -196,10 +199,10 @@ LlmServiceCfg = Annotated[LlmLinearServiceCfg | LlmProfileServiceCfg | LlmRoofli
 
 # -- schedulers --------------------------------------------------------------------------------
 class _KvCfg(_Strict):
-    block_size: int = Field(16, ge=1)
-    num_gpu_blocks: int | None = Field(None, ge=1)
+    block_size: int = Field(16, ge=1, le=MAX_COUNT)
+    num_gpu_blocks: int | None = Field(None, ge=1, le=MAX_COUNT)
     gpu_memory_gb: float | None = Field(None, gt=0)
-    kv_bytes_per_token: int | None = Field(None, ge=1)
+    kv_bytes_per_token: int | None = Field(None, ge=1, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _kv_given(self) -> _KvCfg:
@@ -211,6 +214,11 @@ class _KvCfg(_Strict):
         if self.num_gpu_blocks is not None and self.gpu_memory_gb is not None:
             raise ValueError("policy.num_gpu_blocks: give either num_gpu_blocks or "
                              "gpu_memory_gb, not both")
+        if self.gpu_memory_gb is not None and self.kv_bytes_per_token is not None:
+            blocks = self.gpu_memory_gb * 2**30 / (self.block_size * self.kv_bytes_per_token)
+            if not blocks <= MAX_COUNT:  # also inf
+                raise ValueError(f"policy.gpu_memory_gb: {self.gpu_memory_gb:g} GB makes "
+                                 f"{blocks:.3g} KV blocks, above {MAX_COUNT}")
         return self
 
     def blocks(self) -> int:
@@ -224,8 +232,8 @@ class _KvCfg(_Strict):
 
 
 class _BudgetCfg(_KvCfg):
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_num_seqs: int = Field(256, ge=1, le=MAX_COUNT)
+    max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _budget_holds_the_seqs(self) -> _BudgetCfg:
@@ -240,7 +248,7 @@ class StaticPolicyCfg(_Strict):
     """Request-level batching of whole generations (size-or-timeout admission)."""
 
     kind: Literal["static"]
-    max_batch_size: int = Field(8, ge=1)
+    max_batch_size: int = Field(8, ge=1, le=MAX_COUNT)
     max_wait_ms: float = Field(0.0, ge=0)
 
 
@@ -255,7 +263,7 @@ class VllmPolicyCfg(_BudgetCfg):
 
     kind: Literal["vllm"]
     enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = Field(0, ge=0)
+    long_prefill_token_threshold: int = Field(0, ge=0, le=MAX_COUNT)
     prefill_first: bool = False
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     enable_prefix_caching: bool = False  # vLLM's default is on; off keeps earlier results
@@ -265,7 +273,7 @@ class SarathiPolicyCfg(_BudgetCfg):
     """Sarathi-Serve: decodes first, then prefill chunks, within a fixed per-step budget."""
 
     kind: Literal["sarathi"]
-    max_num_batched_tokens: int = Field(512, ge=1)
+    max_num_batched_tokens: int = Field(512, ge=1, le=MAX_COUNT)
     enable_prefix_caching: bool = False
 
 
@@ -367,6 +375,7 @@ def validate_llm_scenario(data: Any) -> LlmScenario:
     """
     if not isinstance(data, dict):
         raise ScenarioError("scenario: the top level must be a mapping of keys to values")
+    check_plain_data(data)
     if isinstance(data.get("service"), dict) and data["service"].get("kind") not in (
             *LLM_SERVICE_KINDS, None):
         raise ScenarioError(f"service.kind: {data['service'].get('kind')!r} is not an LLM "

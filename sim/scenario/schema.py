@@ -9,6 +9,8 @@ Every field has a default except what defines the experiment. Load with :func:`l
 from __future__ import annotations
 
 import copy
+import numbers
+import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -25,8 +27,18 @@ class ScenarioError(UserError):
     """A scenario is invalid; the message names each bad field and what is allowed."""
 
 
+# Counts (requests, items, batch sizes, clients, tokens) are int64 wherever arrays hold them;
+# a count above this is refused by the field that gives it. 2**53 - 1 is also the largest
+# integer a float64 (a JSON number, a parquet float column) holds exactly.
+MAX_COUNT = 2**53 - 1
+# Above this coefficient of variation, gamma draws (shape 1/cv^2) underflow to exactly 0 for
+# most samples (numpy draws U^(1/shape)): cv 100 makes 93 % of the draws 0.0.
+MAX_CV = 10.0
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # every float must be finite: .inf and .nan in a scenario are refused by name
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # -- service -----------------------------------------------------------------------------------
@@ -45,7 +57,7 @@ class LinearServiceCfg(_Strict):
     kind: Literal["linear"]
     base_ms: float = Field(ge=0)
     per_item_ms: float = Field(ge=0)
-    cv: float = Field(0.0, ge=0)
+    cv: float = Field(0.0, ge=0, le=MAX_CV)
     deterministic: bool = False
 
 
@@ -70,7 +82,7 @@ class GammaServiceCfg(_Strict):
 
     kind: Literal["gamma"]
     mean_ms: float = Field(gt=0)
-    cv: float = Field(1.0, gt=0)
+    cv: float = Field(1.0, gt=0, le=MAX_CV)
     deterministic: bool = False
 
 
@@ -84,8 +96,8 @@ ServiceCfg = Annotated[
 # -- workload ----------------------------------------------------------------------------------
 class _Bounds(_Strict):
     duration_s: float | None = Field(None, gt=0)
-    n_requests: int | None = Field(None, ge=1)
-    size: int = Field(1, ge=1)
+    n_requests: int | None = Field(None, ge=1, le=MAX_COUNT)
+    size: int = Field(1, ge=1, le=MAX_COUNT)
     priority_mix: list[float] | None = None
 
     @model_validator(mode="after")
@@ -119,7 +131,7 @@ class GammaWorkloadCfg(_Bounds):
 
     kind: Literal["gamma"]
     rate_rps: float = Field(gt=0)
-    cv: float = Field(1.0, gt=0)
+    cv: float = Field(1.0, gt=0, le=MAX_CV)
 
 
 class MmppWorkloadCfg(_Bounds):
@@ -155,9 +167,9 @@ class ClosedWorkloadCfg(_Bounds):
     """Closed loop: clients send, wait, think, send again."""
 
     kind: Literal["closed"]
-    clients: int = Field(ge=1)
+    clients: int = Field(ge=1, le=MAX_COUNT)
     think_ms: float = Field(0.0, ge=0)
-    think_cv: float = Field(1.0, ge=0)
+    think_cv: float = Field(1.0, ge=0, le=MAX_CV)
 
 
 WorkloadCfg = Annotated[
@@ -182,14 +194,14 @@ class GreedyPolicyCfg(_PolicyBase):
     """Take what is queued, up to max_batch_size."""
 
     kind: Literal["greedy"]
-    max_batch_size: int = Field(8, ge=1)
+    max_batch_size: int = Field(8, ge=1, le=MAX_COUNT)
 
 
 class FixedPolicyCfg(_PolicyBase):
     """Wait for exactly batch_size (optional timeout)."""
 
     kind: Literal["fixed"]
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = Field(8, ge=1, le=MAX_COUNT)
     timeout_ms: float | None = Field(None, ge=0)
 
 
@@ -197,10 +209,19 @@ class DynamicPolicyCfg(_PolicyBase):
     """Size-or-timeout dynamic batching."""
 
     kind: Literal["dynamic"]
-    max_batch_size: int = Field(8, ge=1)
+    max_batch_size: int = Field(8, ge=1, le=MAX_COUNT)
     max_wait_ms: float = Field(2.0, ge=0)
     timer: Literal["request", "first"] = "request"
-    preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] = []
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_COUNT)]] = []
+
+    @model_validator(mode="after")
+    def _preferred_fit(self) -> DynamicPolicyCfg:
+        too_big = [b for b in self.preferred_batch_sizes if b > self.max_batch_size]
+        if too_big:
+            raise ValueError(f"policy.preferred_batch_sizes: {max(too_big)} exceeds "
+                             f"max_batch_size {self.max_batch_size}; each must lie in "
+                             f"[1, {self.max_batch_size}]")
+        return self
 
 
 class AimdPolicyCfg(_PolicyBase):
@@ -208,9 +229,9 @@ class AimdPolicyCfg(_PolicyBase):
 
     kind: Literal["aimd"]
     slo_ms: float = Field(50.0, gt=0)
-    max_batch_size: int = Field(64, ge=1)
-    initial_batch_size: int = Field(1, ge=1)
-    additive_step: int = Field(1, ge=1)
+    max_batch_size: int = Field(64, ge=1, le=MAX_COUNT)
+    initial_batch_size: int = Field(1, ge=1, le=MAX_COUNT)
+    additive_step: int = Field(1, ge=1, le=MAX_COUNT)
     backoff: float = Field(0.9, gt=0, lt=1)
 
 
@@ -218,7 +239,7 @@ class SloPolicyCfg(_PolicyBase):
     """Largest batch meeting the earliest deadline; drop the hopeless."""
 
     kind: Literal["slo"]
-    max_batch_size: int = Field(32, ge=1)
+    max_batch_size: int = Field(32, ge=1, le=MAX_COUNT)
 
 
 PolicyCfg = Annotated[
@@ -232,7 +253,7 @@ class QueueCfg(_Strict):
     """Queue discipline and admission."""
 
     discipline: Literal["fifo", "priority", "edf"] = "fifo"
-    max_len: int | None = Field(None, ge=1)
+    max_len: int | None = Field(None, ge=1, le=MAX_COUNT)
     timeout_ms: float | None = Field(None, gt=0)
 
 
@@ -481,6 +502,49 @@ def _format(error: dict[str, Any], root: type[BaseModel] | None = None,
     return f"{path}: {msg} (got {error.get('input')!r})"
 
 
+# A scenario is a few hundred values; YAML aliases (or a dict built in Python) can make a
+# few lines stand for billions of them, or for a cycle. Beyond this many values it is refused.
+MAX_SCENARIO_VALUES = 100_000
+
+
+def check_plain_data(data: Any, where: str = "scenario") -> None:
+    """Refuse a cyclic structure, or one that expands to more than
+    :data:`MAX_SCENARIO_VALUES` values (a YAML alias bomb), before anything walks it.
+
+    Sizes of shared sub-structures are counted once each (memoised by identity), so the
+    check costs the size of the *written* structure, not of its expansion.
+
+    Raises:
+        ScenarioError: naming the first key that holds the cycle or the expansion.
+    """
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def size(node: Any, path: str) -> int:
+        if not isinstance(node, dict | list | tuple):
+            return 1
+        key = id(node)
+        if key in on_path:
+            raise ScenarioError(f"{path}: refers to itself (a cycle); a scenario holds plain "
+                                "numbers, strings, lists and mappings")
+        if key in sizes:
+            return sizes[key]
+        on_path.add(key)
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        total = 1
+        for k, child in items:
+            total += size(child, f"{path}.{k}" if path else str(k))
+            if total > MAX_SCENARIO_VALUES:
+                raise ScenarioError(f"{path or where}: expands to more than "
+                                    f"{MAX_SCENARIO_VALUES:,} values (YAML aliases *name "
+                                    "repeating a large node?)")
+        on_path.discard(key)
+        sizes[key] = total
+        return total
+
+    size(data, "")
+
+
 def validate_scenario(data: Any) -> Scenario:
     """Validate a scenario dict.
 
@@ -489,6 +553,7 @@ def validate_scenario(data: Any) -> Scenario:
     """
     if not isinstance(data, dict):
         raise ScenarioError("scenario: the top level must be a mapping of keys to values")
+    check_plain_data(data)
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
@@ -506,7 +571,46 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel] | None =
         unions: Section name -> discriminated union (``kind`` tags), e.g. ``policy``.
         sections: Section name -> plain model, for "allowed keys" of unknown keys.
     """
-    return "; ".join(sorted({_format(dict(e), root, unions, sections) for e in exc.errors()}))
+    kept: list[dict[str, Any]] = []
+    shape: dict[tuple[Any, ...], bool] = {}  # union field -> its input is a mapping
+    labelled: list[tuple[tuple[Any, ...], bool, dict[str, Any]]] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        at = next((i for i, p in enumerate(loc) if _UNION_LABEL.fullmatch(str(p))), None)
+        if at is None:
+            kept.append(dict(error))
+            continue
+        # a plain union (a number or a mapping) reports once per member, each labelled in
+        # its path ("constrained-int", "tagged-union[...]"): keep the member that matches
+        # the input's shape, and drop the labels from the path
+        field, mapping_member = loc[:at], "[" in str(loc[at])
+        if len(loc) == at + 1:
+            shape[field] = isinstance(error.get("input"), dict)
+        bare = tuple(p for p in loc if not _UNION_LABEL.fullmatch(str(p)))
+        labelled.append((field, mapping_member, {**error, "loc": bare}))
+    for field, mapping_member, member_error in labelled:
+        if shape.get(field, mapping_member) == mapping_member:
+            kept.append(member_error)
+    return "; ".join(sorted({_format(e, root, unions, sections) for e in kept}))
+
+
+_UNION_LABEL = re.compile(r"[a-z]+-[a-z-]+(\[.*\])?|[a-z]+\[.*\]")
+
+
+def check_run_args(*, service_seed: object = None, drain_timeout_s: object = None) -> None:
+    """The run arguments beside the scenario, checked before anything runs.
+
+    Raises:
+        ScenarioError: naming the argument and what is allowed.
+    """
+    if service_seed is not None and (isinstance(service_seed, bool) or not isinstance(
+            service_seed, numbers.Integral) or service_seed < 0):
+        raise ScenarioError(f"service_seed: {service_seed!r} must be an integer >= 0 (or None)")
+    if drain_timeout_s is not None and (isinstance(drain_timeout_s, bool) or not isinstance(
+            drain_timeout_s, numbers.Real) or not (
+            float(drain_timeout_s) >= 0)):  # nan fails too; inf drains every request
+        raise ScenarioError(f"drain_timeout_s: {drain_timeout_s!r} must be a number of seconds "
+                            ">= 0 (inf or None: drain every request)")
 
 
 def builtin_scenarios() -> list[str]:
@@ -532,6 +636,7 @@ def read_scenario_dict(ref: str | Path) -> dict[str, Any]:
         raise ScenarioError(f"scenario: {text_ref!r} is not valid YAML ({exc})") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"scenario: {text_ref!r} must hold a mapping of keys to values")
+    check_plain_data(data)
     return data
 
 
@@ -550,9 +655,18 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any],
     items: list[tuple[str, Any]]
     if isinstance(overrides, dict):
         items = list(overrides.items())
+        for key, _ in items:
+            if not isinstance(key, str):
+                raise ScenarioError(f"overrides: key {key!r} must be a dotted field name such "
+                                    "as 'policy.max_batch_size'")
     else:
         items = []
+        if isinstance(overrides, str):
+            raise ScenarioError(f"overrides: give a list of KEY=VALUE strings or a dict, not "
+                                f"the string {overrides!r}")
         for text in overrides:
+            if not isinstance(text, str):
+                raise ScenarioError(f"overrides: {text!r} is not a KEY=VALUE string")
             if "=" not in text:
                 raise ScenarioError(f"--set {text!r}: expected KEY=VALUE, "
                                     "e.g. policy.max_batch_size=16")

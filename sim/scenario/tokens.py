@@ -20,12 +20,18 @@ from sim.scenario.llm import (
     LognormalTokens,
     UniformTokens,
 )
-from sim.scenario.workloads import ArrivalSchedule, WorkloadError, data_path
+from sim.scenario.workloads import (
+    ArrivalSchedule,
+    WorkloadError,
+    columns_text,
+    count_column,
+    data_path,
+)
 
 
 def _column(path: str | Path, column: str, field: str) -> np.ndarray:
     """A CSV column of positive integers, or a :class:`WorkloadError` naming ``field``."""
-    path = data_path(path)
+    path = data_path(path, field)
     try:
         frame = pd.read_csv(path, usecols=lambda c: c == column)
     except FileNotFoundError:
@@ -35,12 +41,9 @@ def _column(path: str | Path, column: str, field: str) -> np.ndarray:
                             f"({str(exc).splitlines()[0]})") from None
     if column not in frame.columns:
         header = pd.read_csv(path, nrows=0).columns
-        raise WorkloadError(f"{field}: column {column!r} not in {str(path)!r}; columns: "
-                            f"{', '.join(map(str, header))}")
-    values = pd.to_numeric(frame[column], errors="coerce")
-    if values.isna().any() or (values < 1).any():
-        raise WorkloadError(f"{field}: column {column!r} must hold integers >= 1")
-    return values.to_numpy(np.int64)
+        raise WorkloadError(f"{field}: column {column!r} not in {str(path)!r}; "
+                            f"{columns_text(header)}")
+    return count_column(frame[column], f"{field}: column {column!r}")
 
 
 def draw_tokens(spec: Any, n: int, rng: np.random.Generator, field: str) -> np.ndarray:

@@ -10,13 +10,14 @@ its repr. Bounds: ``duration_s`` (arrivals in ``[0, duration_s)``) and/or ``n_re
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from sim.builtin import DATA, builtin_name, shipped_path
+from sim.builtin import DATA, builtin_name, shipped, shipped_path
 from sim.errors import UserError
 
 _CHUNK = 65536
@@ -26,10 +27,34 @@ class WorkloadError(UserError):
     """A workload parameter or input file is invalid."""
 
 
-def data_path(path: str | Path) -> Path:
-    """A data file's path: ``builtin:NAME`` is a file shipped in ``servelab/data``."""
+def data_path(path: str | Path, field: str = "workload.path") -> Path:
+    """A data file's path: ``builtin:NAME`` is a file shipped in ``servelab/data``.
+
+    Raises:
+        WorkloadError: ``builtin:NAME`` that is not one of the shipped traces (a name with a
+            folder in it, such as ``builtin:../../x``, would read outside the data folder).
+    """
     name = builtin_name(path)
-    return Path(str(path)) if name is None else shipped_path(DATA, name)
+    if name is None:
+        return Path(str(path))
+    names = shipped(DATA, lambda n: n.endswith((".csv", ".jsonl")))
+    if name not in names:
+        raise WorkloadError(f"{field}: {str(path)!r} is not a shipped data file; available: "
+                            + ", ".join(f"builtin:{n}" for n in names))
+    return shipped_path(DATA, name)
+
+
+_COLUMN_NAME = re.compile(r"[A-Za-z_][\w .()/-]{0,63}")
+
+
+def columns_text(columns: object) -> str:
+    """The columns of a CSV for an error message, or a note that its first line is not a
+    header of column names (the message must not echo the first line of any file given).
+    """
+    names = [str(c) for c in columns]  # type: ignore[attr-defined]
+    if len(names) <= 64 and all(_COLUMN_NAME.fullmatch(n) for n in names):
+        return "columns: " + ", ".join(names)
+    return f"its first line is not a header of column names ({len(names)} fields)"
 
 
 @dataclass(frozen=True)
@@ -212,7 +237,8 @@ class Mmpp(OpenLoop):
             if rate > 0:
                 n = rng.poisson(rate * dwell)
                 times = np.sort(t + rng.random(n) * dwell)
-                chunks.append(times)
+                if n:  # short dwells emit nothing most of the time: keep no empty arrays
+                    chunks.append(times)
                 count += n
             t += dwell
             state = (state + 1) % len(self.rates_rps)
@@ -290,16 +316,23 @@ class Trace(OpenLoop):
             raise WorkloadError(f"workload.path: {str(self.path)!r} is not a readable CSV "
                                 f"({str(exc).splitlines()[0]})") from None
         if self.timestamp_column not in frame.columns:
-            columns = ", ".join(map(str, frame.columns))
             raise WorkloadError(f"workload.timestamp_column: {self.timestamp_column!r} not in "
-                                f"{str(self.path)!r}; columns: {columns}")
+                                f"{str(self.path)!r}; {columns_text(frame.columns)}")
         if frame.empty:
             raise WorkloadError(f"workload.path: {str(self.path)!r} has no rows")
         raw = frame[self.timestamp_column]
         if pd.api.types.is_numeric_dtype(raw):
             seconds = raw.to_numpy(float)
         else:
-            parsed = pd.to_datetime(raw, errors="coerce", format="mixed")
+            try:
+                parsed = pd.to_datetime(raw, errors="coerce", format="mixed")
+            except (ValueError, TypeError, OverflowError) as exc:  # e.g. mixed time zones
+                why = "mixed time zones" if "timezone" in str(exc).lower() else \
+                    str(exc).splitlines()[0][:120]
+                raise WorkloadError(f"workload.timestamp_column: {self.timestamp_column!r} "
+                                    f"cannot be read as datetimes ({why}); give every "
+                                    "timestamp the same time zone (or none), or seconds"
+                                    ) from None
             if parsed.isna().any():
                 bad = raw[parsed.isna()].iloc[0]
                 raise WorkloadError(f"workload.timestamp_column: cannot parse {bad!r} as a "
@@ -312,13 +345,9 @@ class Trace(OpenLoop):
         if self.size_column is not None:
             if self.size_column not in frame.columns:
                 raise WorkloadError(f"workload.size_column: {self.size_column!r} not in "
-                                    f"{str(self.path)!r}; columns: "
-                                    f"{', '.join(map(str, frame.columns))}")
-            col = pd.to_numeric(frame[self.size_column], errors="coerce")
-            if col.isna().any() or (col < 1).any():
-                raise WorkloadError(f"workload.size_column: {self.size_column!r} must hold "
-                                    "integers >= 1")
-            sizes = col.to_numpy(np.int64)
+                                    f"{str(self.path)!r}; {columns_text(frame.columns)}")
+            sizes = count_column(frame[self.size_column], f"workload.size_column: "
+                                 f"{self.size_column!r}")
         back = np.flatnonzero(np.diff(seconds) < 0)
         if back.size:
             row = int(back[0]) + 1  # 0-based data row that goes back in time
@@ -331,7 +360,19 @@ class Trace(OpenLoop):
             raise WorkloadError(f"workload.start_s: {self.start_s:g} s is past the trace's "
                                 f"last row ({seconds[-1]:g} s)")
         self._first_row = first
-        return (seconds[first:] - self.start_s) * self.time_scale, sizes[first:]
+        with np.errstate(over="ignore"):
+            scaled = (seconds[first:] - self.start_s) * self.time_scale
+        if not np.all(np.isfinite(scaled)):
+            row = first + int(np.flatnonzero(~np.isfinite(scaled))[0])
+            raise WorkloadError(f"workload.time_scale: {self.time_scale:g} turns data row "
+                                f"{row + 1} ({seconds[row]:g} s) into an infinite time; "
+                                "lower it")
+        spread = seconds[first:] > seconds[first]
+        if spread.any() and not np.any(scaled[spread] > scaled[0]):
+            raise WorkloadError(f"workload.time_scale: {self.time_scale:g} collapses the "
+                                f"trace's {seconds[-1] - seconds[first]:g} s onto one instant; "
+                                "raise it")
+        return scaled, sizes[first:]
 
     def schedule(self, rng: np.random.Generator) -> ArrivalSchedule:
         """The (rate-scaled, bounded) trace."""
@@ -340,11 +381,42 @@ class Trace(OpenLoop):
         if self.rate_scale != 1.0:
             whole = math.floor(self.rate_scale)
             copies = whole + (rng.random(times.size) < self.rate_scale - whole)
+            # only the copies the bounds keep are made (n_requests 10 at rate_scale 1e9
+            # repeats the first row 10 times, not 1e9 times each row)
+            copies = self._bounded_copies(times, copies)
             times, sizes = np.repeat(times, copies), np.repeat(sizes, copies)
             rows = np.repeat(rows, copies)
         keep = self._clip(times).size
         return ArrivalSchedule(times[:keep].astype(float), sizes[:keep].astype(np.int64),
                                self._priorities(rng, keep), rows=rows[:keep])
+
+
+    def _bounded_copies(self, times: np.ndarray, copies: np.ndarray) -> np.ndarray:
+        """Copies per row, cut where ``duration_s`` or ``n_requests`` ends the schedule."""
+        copies = copies.astype(np.int64)
+        if self.duration_s is not None:
+            copies = np.where(times < self.duration_s, copies, 0)
+        if self.n_requests is not None:
+            before = np.cumsum(copies) - copies  # arrivals before each row's copies
+            copies = np.clip(self.n_requests - before, 0, copies)
+        return copies
+
+
+def count_column(column: pd.Series, field: str) -> np.ndarray:
+    """A CSV column of counts (sizes, tokens) as int64, or an error naming ``field``.
+
+    Fractions are refused rather than truncated (2.9 is not 2), and so are counts above
+    :data:`sim.scenario.schema.MAX_COUNT` (they would wrap around in int64).
+    """
+    from sim.scenario.schema import MAX_COUNT
+
+    values = pd.to_numeric(column, errors="coerce").to_numpy(float)
+    bad = np.isnan(values) | (values < 1) | (values != np.floor(values)) | (values > MAX_COUNT)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise WorkloadError(f"{field} must hold whole numbers in [1, {MAX_COUNT}] (data row "
+                            f"{i + 1}: {str(column.iloc[i])[:40]})")
+    return values.astype(np.int64)
 
 
 class ClosedLoop:

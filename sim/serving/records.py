@@ -16,11 +16,12 @@ import pandas as pd
 
 from sim.serving.types import QUEUED, STATUS_CATEGORIES, STATUS_NAMES, count_codes
 
-# Column types: sizes and counts in 32 bits, replica and queue numbers in 16.
-SIZE = "i"
-BATCH_ID = "i"
+# Column types: sizes, items, counts and ids in 64 bits (a request's size may be up to
+# sim.scenario.MAX_COUNT, and a batch's items sum them); replica and queue numbers in 16.
+SIZE = "q"
+BATCH_ID = "q"
 REPLICA = "h"
-CLIENT = "i"
+CLIENT = "q"
 _STATUS_CATEGORY = np.array([0, 1, 2, 3, 4, 5, 0], dtype=np.int8)  # code -> category
 
 

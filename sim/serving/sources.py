@@ -60,6 +60,8 @@ class ClientSource:
         self._heap: list[tuple[float, int]] = []
         self._sent = 0
         for client in range(clients):
+            if n_requests is not None and self._sent >= n_requests:
+                break  # no later draw could send: clients past n_requests cost nothing
             self._arm(client, 0.0)
 
     @property

@@ -71,6 +71,105 @@ def profile_file(text: str):
     return make
 
 
+LLM = {
+    "seed": 1,
+    "service": {"kind": "llm_linear", "base_ms": 5, "per_prefill_token_ms": 0.01,
+                "per_decode_seq_ms": 0.05},
+    "workload": {"kind": "poisson", "rate_rps": 5, "n_requests": 20, "prompt_tokens": 10,
+                 "output_tokens": 5},
+    "policy": {"kind": "vllm", "num_gpu_blocks": 64},
+}
+
+
+def llm_with(section: str, **changes: object) -> dict:
+    data = json.loads(json.dumps(LLM))
+    if section:
+        data[section] = {**data.get(section, {}), **changes}
+    else:
+        data.update(changes)
+    return data
+
+
+def llm_trace(tmp_path: Path, output: str) -> dict:
+    f = tmp_path / "llm.csv"
+    f.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,{output}\n1,10,5\n")
+    return llm_with("", workload={"kind": "trace", "path": str(f),
+                                  "prompt_tokens_column": "ContextTokens",
+                                  "output_tokens_column": "GeneratedTokens"})
+
+
+def alias_bomb_in_params(tmp_path: Path) -> str:
+    body = "\n".join("    " + line for line in yaml_bomb().decode().splitlines())
+    return yaml.safe_dump(GOOD) + "model:\n  name: mlp\n  params:\n" + body + "\n"
+
+
+AUTOSCALED = {"kind": "concurrency", "min_replicas": 0, "max_replicas": 2, "cold_start_s": 1}
+# issue 28: malformed or hostile inputs that gave a traceback, a hang, runaway memory or a
+# silently wrong number; each is now one line naming the field
+ISSUE_28_CASES = [
+    ("size above 2**53", lambda t: with_("workload", size=2**63), "workload.size"),
+    ("n_requests above 2**53", lambda t: with_("workload", n_requests=2**63),
+     "workload.n_requests"),
+    ("max_batch_size above 2**53", lambda t: with_("policy", max_batch_size=2**62),
+     "policy.max_batch_size"),
+    ("trace with mixed time zones", csv_workload(
+        "TIMESTAMP\n2024-01-01T00:00:00+00:00\n2024-01-01T00:00:01+05:00\n"
+        "2024-01-01T00:00:02\n"), "workload.timestamp_column"),
+    ("time_scale overflows a row to inf", csv_workload("TIMESTAMP\n0\n1e300\n",
+                                                       time_scale=1e10),
+     "workload.time_scale"),
+    ("fractional trace sizes", csv_workload("TIMESTAMP,n\n0,2.9\n1,1\n", size_column="n"),
+     "workload.size_column"),
+    ("trace size above 2**53", csv_workload("TIMESTAMP,n\n0,1e17\n1,1\n",
+                                            size_column="n"), "workload.size_column"),
+    ("preferred sizes above max", lambda t: with_(
+        "", policy={"kind": "dynamic", "max_batch_size": 4, "preferred_batch_sizes": [8, 16]}),
+     "policy.preferred_batch_sizes"),
+    ("cold start .inf", lambda t: with_("", autoscaling={**AUTOSCALED, "cold_start_s": ".inf"}),
+     "autoscaling.cold_start_s"),
+    ("max_wait_ms .inf", lambda t: with_("", policy={"kind": "dynamic", "max_batch_size": 1000,
+                                                     "max_wait_ms": ".inf"}),
+     "policy.max_wait_ms"),
+    ("rate nan", lambda t: with_("workload", rate_rps=".nan"), "workload.rate_rps"),
+    ("linear cv 1e6", lambda t: with_("", service={"kind": "linear", "base_ms": 1,
+                                                   "per_item_ms": 0, "cv": 1e6}),
+     "service.cv"),
+    ("builtin path outside the data folder", lambda t: with_(
+        "", workload={"kind": "trace", "path": "builtin:../../pyproject.toml"}),
+     "workload.path"),
+    ("YAML alias bomb in model.params", alias_bomb_in_params, "model.params"),
+    ("llm warmup .inf", lambda t: llm_with("", warmup_s=".inf"), "warmup_s"),
+    ("llm trace output tokens 2**62", lambda t: llm_trace(t, str(2**62)),
+     "workload.output_tokens_column"),
+    ("llm fractional output tokens", lambda t: llm_trace(t, "2.9"),
+     "workload.output_tokens_column"),
+    ("n_requests 1e9 (pre-flight)", lambda t: with_("workload", n_requests=10**9),
+     "workload.n_requests: this run would take"),
+    ("mmpp dwell 1e-12 (pre-flight)", lambda t: with_(
+        "", workload={"kind": "mmpp", "rates_rps": [100, 0], "mean_dwell_s": 1e-12,
+                      "n_requests": 200}), "raise workload.mean_dwell_s"),
+    ("control period 1e-9 (pre-flight)", lambda t: with_(
+        "", autoscaling={**AUTOSCALED, "min_replicas": 1, "control_period_s": 1e-9}),
+     "raise autoscaling.control_period_s"),
+    ("cold start 1e15 with min 0 (pre-flight)", lambda t: with_(
+        "", autoscaling={**AUTOSCALED, "cold_start_s": 1e15}), "lower autoscaling.cold_start_s"),
+    ("trace rate_scale 1e9 (pre-flight)", csv_workload("TIMESTAMP\n0\n1\n2\n",
+                                                       rate_scale=1e9),
+     "workload.rate_scale: this run would take"),
+    ("closed loop of 1e9 clients (pre-flight)", lambda t: with_(
+        "", workload={"kind": "closed", "clients": 10**9, "think_ms": 1, "duration_s": 10}),
+     "workload.duration_s: this run would take"),
+    ("llm output_tokens 2**62 (one message, not one per union member)",
+     lambda t: llm_with("workload", output_tokens=2**62),
+     "error: workload.output_tokens: Input should be less than or equal to 9007199254740991"),
+    ("llm KV memory beyond 2**53 blocks", lambda t: llm_with(
+        "", policy={"kind": "vllm", "gpu_memory_gb": 1e300, "kv_bytes_per_token": 1}),
+     "policy.gpu_memory_gb"),
+    ("llm 1e9 output tokens that fit (pre-flight)", lambda t: llm_with(
+        "", workload={**LLM["workload"], "output_tokens": 10**9},
+        policy={"kind": "vllm", "num_gpu_blocks": 10**9}), "workload.output_tokens"),
+]
+
 CASES = [
     ("unknown policy kind", lambda t: with_("policy", kind="magic"), "policy.kind"),
     ("unknown workload kind", lambda t: with_("workload", kind="flood"), "workload.kind"),
@@ -140,7 +239,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("label", "make", "field"), CASES, ids=[c[0] for c in CASES])
+ALL_CASES = CASES + ISSUE_28_CASES
+
+
+@pytest.mark.parametrize(("label", "make", "field"), ALL_CASES, ids=[c[0] for c in ALL_CASES])
 def test_cli_bad_input_is_one_clear_line(tmp_path, label, make, field) -> None:
     path = write(tmp_path, make(tmp_path))
     result = CliRunner().invoke(app, ["simulate", path, "-q"])
@@ -152,7 +254,9 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, label, make, field) -> None:
 
 
 def assert_one_error_line(output: str) -> None:
-    lines = [line for line in output.splitlines() if line.strip()]
+    # a search's progress lines (capacity prints one per candidate) are not errors
+    lines = [line for line in output.splitlines() if line.strip()
+             and not line.startswith(("searching ", "candidate "))]
     assert len(lines) == 1, output
     assert lines[0].startswith("error:"), output
 
@@ -178,6 +282,30 @@ FLAG_CASES = [
      "slo_ms"),
     ("live drain timeout not positive", ["live", "{path}", "--drain-timeout-s", "0"],
      "--drain-timeout-s"),
+    # issue 28
+    ("grid range of nan", ["sweep", "{path}", "--grid", "workload.rate_rps=nan:nan:nan"],
+     "must be finite"),
+    ("grid list with nan", ["sweep", "{path}", "--grid", "workload.rate_rps=1,.nan"],
+     "not a finite number"),
+    ("grid of a billion values", ["sweep", "{path}", "--grid",
+                                  "policy.max_batch_size=1:1000000000:1"], "at most 10,000"),
+    ("grid key given twice", ["sweep", "{path}", "--grid", "policy.max_batch_size=1",
+                              "--grid", "policy.max_batch_size=2"], "given twice"),
+    ("sweep beyond the budget", ["sweep", "{path}", "--grid",
+                                 "workload.n_requests=100,1000000000", "--seeds", "2"],
+     "this sweep would take"),
+    ("capacity over a non-load knob", ["capacity", "{path}", "--slo", "p99_ms=10", "--over",
+                                       "workload.n_requests"], "not a load knob"),
+    ("capacity tol nan", ["capacity", "{path}", "--slo", "p99_ms=10", "--tol", "nan"],
+     "--tol"),
+    ("capacity tol above 1", ["capacity", "{path}", "--slo", "p99_ms=10", "--tol", "5"],
+     "--tol"),
+    ("capacity error_rate above 1", ["capacity", "{path}", "--slo", "error_rate=2"],
+     "--slo error_rate"),
+    ("capacity slo nan", ["capacity", "{path}", "--slo", "p99_ms=nan"], "--slo p99_ms"),
+    ("capacity slo that nothing meets", ["capacity", "{path}", "--slo", "p99_ms=1e-300",
+                                         "--seeds", "1", "--workers", "1"],
+     "no candidate holds"),
 ]
 
 
@@ -220,8 +348,19 @@ def test_bad_dashboard_uploads_are_one_clear_line(label, data, name, text) -> No
     assert text in message and name in message and "\n" not in message
 
 
+def test_a_calibration_beyond_the_budget_is_refused_with_its_estimate(tmp_path) -> None:
+    pytest.importorskip("torch")
+    result = CliRunner().invoke(app, ["calibrate", "--model", "mlp", "--device", "cpu",
+                                      "--threads", "1", "--batch-sizes", "1-1000000000",
+                                      "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "--batch-sizes: this calibration would take" in error[0]
+    assert "pass --yes" in error[0] and not (tmp_path / "p.json").exists()
+
+
 def test_at_least_thirty_bad_inputs_are_covered() -> None:
-    assert len(CASES) + len(FLAG_CASES) + len(UPLOAD_CASES) >= 30
+    assert len(ALL_CASES) + len(FLAG_CASES) + len(UPLOAD_CASES) >= 30
 
 
 def test_a_bad_sweep_keeps_what_was_already_written(tmp_path) -> None:

@@ -85,7 +85,11 @@ class LlmCore:
         self.reason = np.full(n, "", dtype=object)
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.work_tokens = np.zeros(n, dtype=np.int64)
-        self.token_offset = np.concatenate(([0], np.cumsum(self.output_tokens)))
+        # one slot per token that can be generated: a request no replica could ever hold
+        # (refused on arrival, e.g. too big for the KV cache) gets none, so one row with 1e9
+        # output tokens costs nothing before it is refused
+        slots = np.where(self._never_runs(), 0, self.output_tokens)
+        self.token_offset = np.concatenate(([0], np.cumsum(slots, dtype=np.int64)))
         self.token_s = np.full(int(self.token_offset[-1]), np.nan)
         self.steps = StepLog()
         self.queue_time_s: list[float] = [0.0] * len(self.schedulers)
@@ -172,6 +176,17 @@ class LlmCore:
     def in_step(self, replica: int) -> bool:
         """Whether the driver is running a step on ``replica`` (started, not yet ended)."""
         return self._in_step[replica]
+
+    def _never_runs(self) -> np.ndarray:
+        """Requests that every replica's scheduler would refuse on arrival (the replicas
+        share one configuration, so the first one answers for all).
+        """
+        sched = self.schedulers[0]
+        out = np.zeros(self.arrival_s.size, dtype=bool)
+        for i in np.flatnonzero(self.output_tokens > 0):
+            seq = Seq(int(i), 0.0, int(self.prompt_tokens[i]), int(self.output_tokens[i]), 0)
+            out[i] = sched.refuse(seq) is not None
+        return out
 
     # -- arrivals ----------------------------------------------------------------------------
     def next_arrival_s(self) -> float:
@@ -392,10 +407,9 @@ class LlmCore:
                 self.preemptions[i] = seq.preemptions
                 self.work_tokens[i] = seq.work
         ok = self.status[: self.admitted] == OK
-        produced = ~np.isnan(self.token_s)
-        per_request = np.add.reduceat(produced, self.token_offset[:-1]) if produced.size \
-            else np.zeros(self.admitted, dtype=np.int64)
-        per_request = per_request[: self.admitted] if per_request.size else per_request
+        produced = np.concatenate(([0], np.cumsum(~np.isnan(self.token_s), dtype=np.int64)))
+        per_request = produced[self.token_offset[1:self.admitted + 1]] \
+            - produced[self.token_offset[:self.admitted]]
         full = self.output_tokens[: self.admitted]
         if per_request.size and np.any(per_request[ok] != full[ok]):
             bad = int(np.flatnonzero(per_request[ok] != full[ok])[0])
