@@ -17,9 +17,17 @@ outlives ``batch_timeout_s`` fails its requests at the timeout while its replica
 until the call returns. A runner whose ``payloads()`` raises fails that batch the same way. A
 worker that cannot start at all (``prepare_thread()`` or its CUDA stream raises) fails every
 batch it is given with that reason and stops the run: :attr:`LiveDriver.fatal_error` says why.
-:meth:`LiveDriver.stop` (Ctrl-C) takes in the arrivals already due, stops admitting and then
-either drains what is queued and running (queued requests still expire) or abandons the
-queue; either way the records stay consistent.
+:meth:`LiveDriver.stop` (Ctrl-C or SIGTERM, see :mod:`executor.stopping`) takes in the
+arrivals already due, stops admitting and then either drains what is queued and running
+(queued requests still expire) or abandons the queue; either way the records stay consistent.
+:meth:`LiveDriver.hurry` (a second signal) ends the run at once.
+
+A hung model call: when the loop ends, the workers get at most ``hung_grace_s`` in all to
+return (:data:`executor.stopping.HUNG_GRACE_S`; a signal cuts it short); a batch still inside
+the model then stays in flight (its requests censored, or failed if ``batch_timeout_s``
+failed them) and is listed in :attr:`LiveDriver.unfinished_batches`. A batch failed by the batch
+timeout is marked failed in the batch table at once; its ``finish_s`` is when its call
+returned (NaN if it had not returned by the end of the run).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from calibration.runners import ModelRunner
+from executor.stopping import HUNG_GRACE_S, check_stop_mode, join_within
 from sim.core import Batch, Finished, ServingCore
 from sim.fleet import STARTING
 
@@ -198,7 +207,8 @@ class LiveDriver:
                  batch_timeout_s: float | None = None, seed: int = 0,
                  drain_timeout_s: float = 30.0, drain_until_s: float = math.inf,
                  stream_per_replica: bool = True, spin_s: float = SPIN_S,
-                 loader: ReplicaLoader | None = None) -> None:
+                 loader: ReplicaLoader | None = None,
+                 hung_grace_s: float = HUNG_GRACE_S) -> None:
         if len(runners) != core.n_replicas:
             raise ValueError(f"need one runner per replica ({core.n_replicas}), "
                              f"got {len(runners)}")
@@ -215,6 +225,11 @@ class LiveDriver:
         self.health = Health()
         self._inbox: queue.Queue[Finished | _Fatal | _Ready] = queue.Queue()
         self._stop = threading.Event()
+        self._hurry = threading.Event()
+        self.hung_grace_s = hung_grace_s
+        self.unfinished_batches: list[int] = []  # still inside the model when the run ended
+        self.join_wait_s = 0.0  # how long the end waited for running model calls
+        self.stopped_by: str | None = None  # SIGINT, SIGTERM, stop(), fatal error
         self._stop_mode = "drain"
         self._timed_out: set[int] = set()
         self.stopped_early = False
@@ -229,11 +244,21 @@ class LiveDriver:
         self.load_phases_s: list[dict[str, float]] = []  # each launched replica's cold start
 
     def stop(self, mode: str = "drain") -> None:
-        """Stop admitting arrivals; ``drain`` finishes queued work, ``abandon`` does not."""
-        if mode not in ("drain", "abandon"):
-            raise ValueError(f"stop mode {mode!r}: allowed: drain, abandon")
-        self._stop_mode = mode
+        """Stop admitting arrivals; ``drain`` finishes queued work, ``abandon`` does not.
+
+        A later call may turn a drain into an abandon, never back.
+        """
+        check_stop_mode(mode)
+        if self.stopped_by is None:
+            self.stopped_by = "stop()"
+        if self._stop_mode != "abandon":
+            self._stop_mode = mode
         self._stop.set()
+
+    def hurry(self) -> None:
+        """End the run now: abandon the queue and do not wait for running model calls."""
+        self._hurry.set()
+        self.stop("abandon")
 
     def now_s(self) -> float:
         """Seconds since the run started."""
@@ -269,6 +294,8 @@ class LiveDriver:
                     core.admit_until(now)  # what was due by the stop still arrives
                     core.source.close()
                 abandoning = self._stop.is_set() and self._stop_mode == "abandon"
+                if abandoning:  # a drain turned into an abandon ends now too
+                    deadline = min(deadline, now)
                 self._step(now, finished, dispatch=not abandoning)
                 finished = []
                 now = self.now_s()
@@ -296,12 +323,16 @@ class LiveDriver:
             workers = list(self._workers.values())
             for w in workers:
                 w.jobs.put(None)
-            for w in workers:
-                w.join(timeout=60)
+            # a hung model call holds its worker: wait a bounded time, then leave it
+            joined_s = time.perf_counter()
+            join_within(workers, self.hung_grace_s, self._hurry)
+            self.join_wait_s = time.perf_counter() - joined_s
             if not self.drain_timed_out:  # batches that ended with the loop: record them
                 finished += self._collect(block_s=0.0)
                 if finished:
                     core.step(self.now_s(), finished, dispatch=False)
+            self.unfinished_batches = sorted(b.id for rb in core.running_batches
+                                             for b in rb.values())
             gc.unfreeze()
         return end_s
 
@@ -345,7 +376,7 @@ class LiveDriver:
         if worker is None:
             return
         worker.jobs.put(None)
-        worker.join(timeout=60)
+        join_within([worker], self.hung_grace_s, self._hurry)
         device = str(getattr(worker.runner, "device", "cpu"))
         worker.runner = None
         release(device)
@@ -363,6 +394,8 @@ class LiveDriver:
             elif isinstance(item, _Fatal):
                 if self.fatal_error is None:
                     self.fatal_error = f"replica {item.replica}: {item.error}"
+                if self.stopped_by is None:
+                    self.stopped_by = "fatal error"
                 self.stop("abandon")
             else:
                 error = item.error

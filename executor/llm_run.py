@@ -9,17 +9,15 @@ from step times and the engine's overheads.
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from calibration.step_profile import load_step_profile
 from executor.llm_live import LiveLlmEngine, decoder_for
 from executor.run import LiveError
+from executor.stopping import check_drain_timeout_s, stop_on_signals
 from sim.fleet import READY
 from sim.llm.metrics import summarize_llm
 from sim.llm.runner import (
@@ -147,7 +145,8 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
         overrides: Dotted-key overrides.
         drain_timeout_s: Stop this long after the horizon; the rest stays in flight.
             Default: the window's length (``duration_s`` − ``warmup_s``), else 60 s.
-        handle_sigint: Ctrl-C stops the run (``stop_mode``) and the records are kept.
+        handle_sigint: Ctrl-C and SIGTERM stop the run (``stop_mode``) and the records are
+            kept; a second signal ends it at once (see :mod:`executor.stopping`).
         stop_mode: ``drain`` or ``abandon``.
         on_engine: Called with the engine before it starts (tests stop runs with it).
         decoder_hook: Called with each decoder; its return value replaces it (tests inject
@@ -171,9 +170,11 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     spec = {"device": "cpu"} if replay else llm_model_spec(scn)
     core = build_llm_core(scn)
     horizon = horizon_s(scn, core.arrival_s)
+    if drain_timeout_s is not None:
+        check_drain_timeout_s(drain_timeout_s)
+    if math.isnan(max_wall_s) or max_wall_s <= 0:
+        raise LiveError(f"--max-wall-s {max_wall_s:g}: must be a number of seconds > 0")
     drain = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
-    if drain <= 0:
-        raise LiveError(f"--drain-timeout-s {drain:g}: must be > 0")
     if not force:
         check_llm_bounds(sim_run(scn, drain_timeout_s=drain), horizon, max_wall_s)
     if spec.get("threads"):
@@ -214,17 +215,9 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
                            loader=loader if core.fleet is not None else None)
     if on_engine is not None:
         on_engine(engine)
-    previous = None
-    if handle_sigint and threading.current_thread() is threading.main_thread():
-        def _on_sigint(signum: int, frame: FrameType | None) -> None:
-            engine.stop(stop_mode)
-        previous = signal.signal(signal.SIGINT, _on_sigint)
     t0 = time.perf_counter()
-    try:
+    with stop_on_signals(engine, stop_mode, enabled=handle_sigint):
         end_s = engine.run()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
     counts = core.close()
     requests, steps, tokens, queue = tables(core)
     window_end = horizon if engine.stopped_at_s is None else min(horizon, engine.stopped_at_s)
@@ -244,6 +237,7 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
                "wall_s": time.perf_counter() - t0, "status_counts": counts,
                "stopped_early": engine.stopped_at_s is not None,
                "stopped_s": engine.stopped_at_s, "drain_timeout_s": drain,
+               "stopped_by": engine.stopped_by if engine.stopped_at_s is not None else None,
                "drain_timed_out": engine.drain_timed_out,
                "step_errors": engine.step_errors[:20], "torch_version": torch.__version__,
                "steps": len(steps), "num_gpu_blocks": core.limits.num_blocks,

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from calibration.cold_start import load_replica
@@ -24,6 +21,7 @@ from calibration.errors import UserError
 from calibration.profile import LatencyProfile, load_profile
 from calibration.runners import ModelRunner, build_runner
 from executor.live import ReplicaLoader
+from executor.stopping import check_batch_timeout_s, check_drain_timeout_s, stop_on_signals
 from sim.build import Streams, build_fleet, build_service
 from sim.fleet import READY
 from sim.rundir import run_meta
@@ -197,10 +195,12 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
             for an autoscaled scenario one per resident replica (``initial_replicas``).
         loader: Autoscaled scenarios: how a launched replica loads its model (default:
             :func:`replica_loader`, the profile's model; tests pass stand-ins).
-        batch_timeout_s: Fail a batch's requests when its model call takes longer.
-        handle_sigint: Ctrl-C stops the run (``stop_mode``: drain or abandon) instead of
-            raising; the records so far are returned.
-        stop_mode: What Ctrl-C does with queued work.
+        batch_timeout_s: Fail a batch's requests when its model call takes longer (a finite
+            number > 0).
+        handle_sigint: Ctrl-C and SIGTERM stop the run (``stop_mode``: drain or abandon)
+            instead of raising or killing the process; the records so far are returned. A
+            second signal ends the run at once (see :mod:`executor.stopping`).
+        stop_mode: What the first Ctrl-C or SIGTERM does with queued work.
         on_driver: Called with the driver before it starts (tests use it to stop runs).
         drain_timeout_s: Stop draining this long after the horizon (or after Ctrl-C); what is
             left stays in flight, counted as censored. Default: the window's length.
@@ -213,10 +213,13 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     """
     from executor.live import LiveDriver
 
+    check_batch_timeout_s(batch_timeout_s)
+    if drain_timeout_s is not None:
+        check_drain_timeout_s(drain_timeout_s)
+    if math.isnan(max_wall_s) or max_wall_s <= 0:
+        raise LiveError(f"--max-wall-s {max_wall_s:g}: must be a number of seconds > 0")
     scn = load_scenario(scenario, overrides)
     drain_s = default_drain_timeout_s(scn) if drain_timeout_s is None else drain_timeout_s
-    if drain_s <= 0:
-        raise LiveError(f"--drain-timeout-s {drain_s:g}: must be > 0")
     if not force:
         check_live_bounds(sim_run(scn, drain_timeout_s=drain_s), max_wall_s=max_wall_s)
     streams = Streams.from_seed(scn.seed)
@@ -249,17 +252,9 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
                         drain_until_s=planned_horizon_s(scn, core) + drain_s, loader=loader)
     if on_driver is not None:
         on_driver(driver)
-    previous = None
-    if handle_sigint and threading.current_thread() is threading.main_thread():
-        def _on_sigint(signum: int, frame: FrameType | None) -> None:
-            driver.stop(stop_mode)
-        previous = signal.signal(signal.SIGINT, _on_sigint)
     t0 = time.perf_counter()
-    try:
+    with stop_on_signals(driver, stop_mode, enabled=handle_sigint):
         end_s = driver.run()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
     counts = core.check_invariants()
     requests = core.table.to_frame(core.source.admitted)
     batches = core.batches.to_frame()
@@ -277,6 +272,8 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
         "dtype": described.get("dtype"), "torch_version": described.get("torch_version"),
         "end_s": end_s, "wall_s": time.perf_counter() - t0, "status_counts": counts,
         "stopped_early": driver.stopped_early, "stopped_s": driver.stopped_at_s,
+        "stopped_by": driver.stopped_by if driver.stopped_early else None,
+        "unfinished_batches": driver.unfinished_batches,
         "calibration_warnings": warnings,
         "drain_timeout_s": drain_s, "drain_timed_out": driver.drain_timed_out,
         "fatal_error": driver.fatal_error, "describe_error": describe_error,
