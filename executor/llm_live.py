@@ -66,9 +66,6 @@ class ReplayDecoder:
         from calibration.llm_decoder import DecoderConfig
 
         self.model = model
-        self.asked_s: list[float] = []  # per step: the modelled time it slept for (s)
-        self.took_s: list[float] = []  # per step: how long it really took (s; more on a
-        # busy machine, where a sleeping thread waits for a core)
         self.cfg = DecoderConfig(hidden=2, layers=1, heads=1, kv_heads=1, intermediate=1,
                                  vocab=2, max_slots=max_slots, max_len=max_len)
 
@@ -76,11 +73,7 @@ class ReplayDecoder:
         """Sleep for the step's modelled time."""
         from executor.testing import precise_sleep
 
-        asked = self.model.step_s(comp)
-        begin = time.perf_counter()
-        precise_sleep(asked)
-        self.took_s.append(time.perf_counter() - begin)
-        self.asked_s.append(asked)
+        precise_sleep(self.model.step_s(comp))
 
     def describe(self) -> dict[str, Any]:
         """Marked as a replay."""

@@ -25,12 +25,6 @@ def linear_s(n: int) -> float:
     return 0.003 + 0.001 * n
 
 
-def overshoot_s(result: sim.Result) -> float:
-    """Median over the run's batches of how much longer each took than its linear_s."""
-    b = result.batches
-    return float(np.median(b["finish_s"] - b["start_s"] - [linear_s(int(n)) for n in b["size"]]))
-
-
 def members(result: sim.Result) -> list[tuple[int, ...]]:
     req = result.requests[result.requests["batch_id"] >= 0]
     return [tuple(g["id"]) for _, g in req.sort_values("id").groupby("batch_id", sort=True)]
@@ -43,10 +37,9 @@ def test_parity_same_dispatch_sequence_and_latencies_as_the_simulator() -> None:
     assert members(measured) == members(simulated)
     lat_sim = (simulated.requests["finish_s"] - simulated.requests["arrival_s"]).to_numpy()
     lat_live = (measured.requests["finish_s"] - measured.requests["arrival_s"]).to_numpy()
-    # live adds timer lateness, thread hand-off (well under 3 ms on an idle machine) and how
-    # much longer than asked its sleeps took (several ms on a busy one: measured per batch)
+    # live adds timer lateness and thread hand-off (well under 3 ms here) and never less
     assert np.all(lat_live >= lat_sim - 1e-3)
-    assert np.median(lat_live - lat_sim) < 0.003 + overshoot_s(measured)
+    assert np.median(lat_live - lat_sim) < 0.003
     pd.testing.assert_index_equal(measured.requests.columns, simulated.requests.columns)
     pd.testing.assert_index_equal(measured.batches.columns, simulated.batches.columns)
     assert set(simulated.summary) <= set(measured.summary)
@@ -110,12 +103,8 @@ def test_executor_health_is_reported() -> None:
     result = live(PARITY, runners=[SleepRunner(linear_s)])
     health = result.summary["executor_health"]
     assert health["dispatch_overhead_ms"]["count"] == len(result.batches)
-    assert health["handoff_ms"]["count"] == len(result.batches)
-    for series in health.values():  # how large depends on the machine's load; the order not
-        assert 0 <= series["p50"] <= series["p99"] <= series["max"]
-    # the hand-off it reports is inside each batch's measured time (dispatch to finish)
-    took_ms = (result.batches["finish_s"] - result.batches["start_s"]) * 1e3
-    assert health["handoff_ms"]["max"] <= took_ms.max()
+    assert 0 <= health["wake_lateness_ms"]["p50"] < 5
+    assert health["dispatch_overhead_ms"]["p99"] < 5
 
 
 def test_synthetic_profile_has_nothing_to_run_live() -> None:
