@@ -103,8 +103,12 @@ def test_executor_health_is_reported() -> None:
     result = live(PARITY, runners=[SleepRunner(linear_s)])
     health = result.summary["executor_health"]
     assert health["dispatch_overhead_ms"]["count"] == len(result.batches)
-    assert 0 <= health["wake_lateness_ms"]["p50"] < 5
-    assert health["dispatch_overhead_ms"]["p99"] < 5
+    assert health["handoff_ms"]["count"] == len(result.batches)
+    for series in health.values():  # how large depends on the machine's load; the order not
+        assert 0 <= series["p50"] <= series["p99"] <= series["max"]
+    # the hand-off it reports is inside each batch's measured time (dispatch to finish)
+    took_ms = (result.batches["finish_s"] - result.batches["start_s"]) * 1e3
+    assert health["handoff_ms"]["max"] <= took_ms.max()
 
 
 def test_synthetic_profile_has_nothing_to_run_live() -> None:
