@@ -89,18 +89,21 @@ class Health:
         dispatch_overhead_s: Per decision that dispatched: the time spent in the core and the
             policy (decide, drops, bookkeeping), excluding the model.
         handoff_s: Per batch: from dispatch to the worker starting the model call.
+        loop_lateness_s: Per wait of the driver's loop: how long past its planned end it
+            woke (a busy machine starves the thread; this bounds how late a deadline is seen).
     """
 
     arrival_lateness_s: list[float] = field(default_factory=list)
     wake_lateness_s: list[float] = field(default_factory=list)
     dispatch_overhead_s: list[float] = field(default_factory=list)
     handoff_s: list[float] = field(default_factory=list)
+    loop_lateness_s: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """p50 / p99 / max (ms) and count of each series."""
         out: dict[str, dict[str, float]] = {}
         for name in ("arrival_lateness_s", "wake_lateness_s", "dispatch_overhead_s",
-                     "handoff_s"):
+                     "handoff_s", "loop_lateness_s"):
             values = np.asarray(getattr(self, name)) * 1e3
             key = name.removesuffix("_s") + "_ms"
             if values.size == 0:
@@ -314,7 +317,10 @@ class LiveDriver:
                 wait_until = min(self._wake_s, self._next_batch_timeout(), deadline)
                 wait_s = wait_until - self.now_s()
                 if wait_s > self.spin_s:
-                    finished = self._collect(block_s=min(wait_s - self.spin_s, _POLL_S))
+                    block_s = min(wait_s - self.spin_s, _POLL_S)
+                    planned_s = self.now_s() + block_s
+                    finished = self._collect(block_s=block_s)
+                    self.health.loop_lateness_s.append(max(0.0, self.now_s() - planned_s))
                 else:
                     time.sleep(0)  # due within spin_s: yield, then look again
                     finished = self._collect(block_s=0.0)
