@@ -90,6 +90,7 @@ def estimated_requests(scenario: sim.Scenario) -> float:
 
 
 MAX_YAML_NODES = 100_000
+MAX_UPLOAD_DEPTH = 100  # nesting levels; real scenarios and profiles use fewer than 10
 
 
 class UploadError(ValueError):
@@ -101,7 +102,8 @@ def parse_upload(data: bytes, name: str) -> Any:
 
     Size-limited (:data:`MAX_UPLOAD_BYTES`), UTF-8 only, safe loaders only; YAML aliases are
     refused (a "billion laughs" file expands a few lines into gigabytes once anything walks
-    it), and so are files of more than :data:`MAX_YAML_NODES` nodes.
+    it), and so are files of more than :data:`MAX_YAML_NODES` nodes or nested deeper than
+    :data:`MAX_UPLOAD_DEPTH` levels (a deep file exhausts Python's recursion limit).
 
     Raises:
         UploadError: one line naming the file and what is allowed.
@@ -112,23 +114,59 @@ def parse_upload(data: bytes, name: str) -> Any:
         text = data.decode("utf-8", errors="strict")
     except UnicodeDecodeError:
         raise UploadError(f"{name}: not a UTF-8 text file (JSON or YAML expected)") from None
+    too_deep = UploadError(f"{name}: nested more than {MAX_UPLOAD_DEPTH} levels deep")
     if name.endswith(".json"):
+        if _json_depth(text) > MAX_UPLOAD_DEPTH:
+            raise too_deep
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise UploadError(f"{name}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        except RecursionError:
+            raise too_deep from None
     try:
+        depth = 0
         for nodes, event in enumerate(yaml.parse(text, Loader=yaml.SafeLoader)):
             if isinstance(event, yaml.AliasEvent):
                 raise UploadError(f"{name}: YAML aliases (*name) are not allowed in uploads")
             if nodes >= MAX_YAML_NODES:
                 raise UploadError(f"{name}: more than {MAX_YAML_NODES:,} YAML nodes")
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_UPLOAD_DEPTH:
+                    raise too_deep
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f", line {where.line + 1}" if where is not None else ""
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise UploadError(f"{name}: not valid YAML ({problem}{line})") from None
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of ``[`` / ``{`` in a JSON text (brackets inside strings skipped),
+    found without recursion.
+    """
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def profile_choice(key: str, label: str = "latency profile",

@@ -1,56 +1,46 @@
 """What every live run shares around its driver: the refusal up front, the bounds check, the
-drain deadline and the stop.
+drain deadline, and one stop path.
 
 * :class:`LiveError`: the scenario cannot be run live as given;
 * :func:`check_bounds`: refuse a live run the simulator predicts unstable or too long (one
   rule for request-level and LLM runs);
 * :func:`default_drain_s` (from :mod:`sim.metrics.window`): the default drain timeout;
-* :func:`run_stoppable`: run a driver with Ctrl-C (SIGINT) calling its ``stop(mode)``, the
-  previous handler restored after.
+* :func:`stop_on_signals`: SIGINT and SIGTERM stop the run and keep what was measured.
+
+Both live drivers (:class:`executor.request_driver.LiveDriver` and
+:class:`executor.llm_driver.LiveLlmEngine`) have ``stop(mode)``. While a run is under
+:func:`stop_on_signals`, the first SIGINT (Ctrl-C) or SIGTERM calls ``stop(mode)``: the run
+stops admitting and drains (or abandons) as asked, and the caller gets the records so far. A
+second signal escalates: ``stop("abandon")`` and ``hurry()`` — the run ends now, without
+waiting for running model calls.
+
+A model call that hangs cannot hold the process either: when the driver's loop ends (the
+drain deadline, an abandon, the end of the schedule) its workers get at most
+:data:`HUNG_GRACE_S` in all to return (:func:`join_within`), and any signal cuts that short.
+A worker still inside the model then is a daemon thread: its batch stays in flight (censored)
+and the process can exit.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from sim.errors import UserError
 from sim.metrics.window import default_drain_s
 
-__all__ = ["LiveError", "Stoppable", "check_bounds", "default_drain_s", "run_stoppable"]
-
-T = TypeVar("T")
+__all__ = ["HUNG_GRACE_S", "LiveError", "Stoppable", "check_bounds", "check_drain_timeout_s",
+           "check_stop_mode", "default_drain_s", "join_within", "stop_on_signals"]
 
 
 class LiveError(UserError):
     """The scenario cannot be run live as given (no model to run, mismatched settings)."""
-
-
-class Stoppable(Protocol):
-    """A live driver: ``stop(mode)`` stops admitting and drains or abandons."""
-
-    def stop(self, mode: str = "drain") -> None:
-        """Stop the run (``drain`` or ``abandon``)."""
-
-
-def run_stoppable(driver: Stoppable, run: Callable[[], T], *, handle_sigint: bool,
-                  stop_mode: str) -> T:
-    """``run()``; with ``handle_sigint`` (on the main thread only) Ctrl-C calls
-    ``driver.stop(stop_mode)`` meanwhile, and the previous handler is restored after.
-    """
-    previous: Any = None
-    if handle_sigint and threading.current_thread() is threading.main_thread():
-        def _on_sigint(signum: int, frame: FrameType | None) -> None:
-            driver.stop(stop_mode)
-        previous = signal.signal(signal.SIGINT, _on_sigint)
-    try:
-        return run()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
 
 
 def check_bounds(stability: dict[str, Any], end_s: float, horizon_s: float, *,
@@ -88,3 +78,101 @@ def check_bounds(stability: dict[str, Any], end_s: float, horizon_s: float, *,
         raise LiveError(f"refusing to run live: {detail} exceeds --max-wall-s {max_wall_s:g}. "
                         f"Shorten {shorten}, raise --max-wall-s, or pass --force")
     return estimate
+
+
+HUNG_GRACE_S = 5.0
+"""At most this long (s) after a live run's loop ends for model calls still running to
+return; past it they are left behind in flight."""
+
+STOP_SIGNALS = ("SIGINT", "SIGTERM")
+
+
+class Stoppable(Protocol):
+    """A live driver: stop admitting (drain or abandon) and stop waiting for workers."""
+
+    stopped_by: str | None
+
+    def stop(self, mode: str = "drain") -> None:
+        """Stop admitting arrivals."""
+
+    def hurry(self) -> None:
+        """End now: abandon the queue and stop waiting for running model calls."""
+
+
+def check_stop_mode(mode: str) -> None:
+    """Raise ``ValueError`` naming the allowed stop modes."""
+    if mode not in ("drain", "abandon"):
+        raise ValueError(f"stop mode {mode!r}: allowed: drain, abandon")
+
+
+@contextmanager
+def stop_on_signals(driver: Stoppable, mode: str, enabled: bool = True) -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM stop ``driver`` (the first with ``mode``, any
+    later one with :meth:`Stoppable.hurry`); the previous handlers come back after it.
+
+    Only the main thread can install signal handlers: elsewhere (or with ``enabled`` false)
+    this does nothing and the signals keep their previous meaning.
+    """
+    check_stop_mode(mode)
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen: list[str] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        seen.append(name)
+        if len(seen) == 1:
+            driver.stopped_by = name
+            driver.stop(mode)
+        else:
+            driver.hurry()
+
+    previous = {name: signal.signal(getattr(signal, name), on_signal)
+                for name in STOP_SIGNALS if hasattr(signal, name)}
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+
+
+def join_within(threads: Iterable[threading.Thread], bound_s: float,
+                hurry: threading.Event) -> list[threading.Thread]:
+    """Join ``threads`` for at most ``bound_s`` in all (less once ``hurry`` is set); return
+    the ones still running.
+
+    The join waits in short slices, so a signal handler runs promptly meanwhile and can set
+    ``hurry`` to end the wait.
+    """
+    pending = list(threads)
+    end = time.perf_counter() + bound_s
+    for thread in pending:
+        while thread.is_alive() and not hurry.is_set():
+            left = end - time.perf_counter()
+            if left <= 0:
+                break
+            thread.join(min(left, 0.05))
+    return [t for t in pending if t.is_alive()]
+
+
+def check_drain_timeout_s(value: float, flag: str = "--drain-timeout-s") -> None:
+    """A drain timeout is a number of seconds > 0 (``inf``: no deadline).
+
+    Raises:
+        UserError: naming ``flag``.
+    """
+    if math.isnan(value) or value <= 0:
+        raise UserError(f"{flag} {value:g}: must be a number of seconds > 0 (inf: drain "
+                         "everything)")
+
+
+def check_batch_timeout_s(value: float | None, flag: str = "batch_timeout_s") -> None:
+    """A batch timeout is a finite number of seconds > 0 (None: no timeout).
+
+    Raises:
+        UserError: naming ``flag``.
+    """
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise UserError(f"{flag} {value:g}: must be a finite number > 0 (leave it out for "
+                        "no batch timeout)")

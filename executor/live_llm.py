@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from calibration.step_profile import load_step_profile
-from executor.lifecycle import LiveError, check_bounds, default_drain_s, run_stoppable
+from executor.lifecycle import (
+    LiveError,
+    check_bounds,
+    check_drain_timeout_s,
+    default_drain_s,
+    stop_on_signals,
+)
 from executor.llm_driver import LiveLlmEngine, decoder_for
 from sim.drivers.llm_simulate import (
     LlmResult,
@@ -116,7 +122,8 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
         overrides: Dotted-key overrides.
         drain_timeout_s: Stop this long after the horizon; the rest stays in flight.
             Default: the window's length (``duration_s`` − ``warmup_s``), else 60 s.
-        handle_sigint: Ctrl-C stops the run (``stop_mode``) and the records are kept.
+        handle_sigint: Ctrl-C and SIGTERM stop the run (``stop_mode``) and the records are
+            kept; a second signal ends it at once (see :mod:`executor.lifecycle`).
         stop_mode: ``drain`` or ``abandon``.
         on_engine: Called with the engine before it starts (tests stop runs with it).
         decoder_hook: Called with each decoder; its return value replaces it (tests inject
@@ -145,9 +152,11 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     spec = {"device": "cpu"} if replay else llm_model_spec(scn)
     core = build_llm_core(scn)
     horizon = horizon_s(scn, core.arrival_s)
+    if drain_timeout_s is not None:
+        check_drain_timeout_s(drain_timeout_s)
+    if math.isnan(max_wall_s) or max_wall_s <= 0:
+        raise LiveError(f"--max-wall-s {max_wall_s:g}: must be a number of seconds > 0")
     drain = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
-    if drain <= 0:
-        raise LiveError(f"--drain-timeout-s {drain:g}: must be > 0")
     if not force:
         predicted = sim_run(scn, drain_timeout_s=drain)
         check_bounds(predicted.summary["stability"], float(predicted.meta["end_s"]), horizon,
@@ -191,7 +200,8 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     if on_engine is not None:
         on_engine(engine)
     t0 = time.perf_counter()
-    end_s = run_stoppable(engine, engine.run, handle_sigint=handle_sigint, stop_mode=stop_mode)
+    with stop_on_signals(engine, stop_mode, enabled=handle_sigint):
+        end_s = engine.run()
     counts = core.close()
     requests, steps, tokens, queue = tables(core)
     window_end = horizon if engine.stopped_at_s is None else min(horizon, engine.stopped_at_s)
@@ -211,6 +221,7 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
                "wall_s": time.perf_counter() - t0, "status_counts": counts,
                "stopped_early": engine.stopped_at_s is not None,
                "stopped_s": engine.stopped_at_s, "drain_timeout_s": drain,
+               "stopped_by": engine.stopped_by if engine.stopped_at_s is not None else None,
                "drain_timed_out": engine.drain_timed_out,
                "step_errors": engine.step_errors[:20], "torch_version": torch.__version__,
                "steps": len(steps), "num_gpu_blocks": core.limits.num_blocks,

@@ -19,7 +19,14 @@ from typing import Any
 from calibration.cold_start import load_replica
 from calibration.model_runners import ModelRunner, build_runner
 from calibration.profile import LatencyProfile, load_profile
-from executor.lifecycle import LiveError, check_bounds, default_drain_s, run_stoppable
+from executor.lifecycle import (
+    LiveError,
+    check_batch_timeout_s,
+    check_bounds,
+    check_drain_timeout_s,
+    default_drain_s,
+    stop_on_signals,
+)
 from executor.request_driver import ReplicaLoader
 from sim.metrics.rundir import Result, fleet_tables, run_meta
 from sim.metrics.window import planned_horizon_s, window_for
@@ -156,10 +163,12 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
             for an autoscaled scenario one per resident replica (``initial_replicas``).
         loader: Autoscaled scenarios: how a launched replica loads its model (default:
             :func:`replica_loader`, the profile's model; tests pass stand-ins).
-        batch_timeout_s: Fail a batch's requests when its model call takes longer.
-        handle_sigint: Ctrl-C stops the run (``stop_mode``: drain or abandon) instead of
-            raising; the records so far are returned.
-        stop_mode: What Ctrl-C does with queued work.
+        batch_timeout_s: Fail a batch's requests when its model call takes longer (a finite
+            number > 0).
+        handle_sigint: Ctrl-C and SIGTERM stop the run (``stop_mode``: drain or abandon)
+            instead of raising or killing the process; the records so far are returned. A
+            second signal ends the run at once (see :mod:`executor.lifecycle`).
+        stop_mode: What the first Ctrl-C or SIGTERM does with queued work.
         on_driver: Called with the driver before it starts (tests use it to stop runs).
         drain_timeout_s: Stop draining this long after the horizon (or after Ctrl-C); what is
             left stays in flight, counted as censored. Default: the window's length.
@@ -172,6 +181,11 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     """
     from executor.request_driver import LiveDriver
 
+    check_batch_timeout_s(batch_timeout_s)
+    if drain_timeout_s is not None:
+        check_drain_timeout_s(drain_timeout_s)
+    if math.isnan(max_wall_s) or max_wall_s <= 0:
+        raise LiveError(f"--max-wall-s {max_wall_s:g}: must be a number of seconds > 0")
     scn = load_scenario(scenario, overrides)
     drain_s = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
     if drain_s <= 0:
@@ -211,7 +225,8 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     if on_driver is not None:
         on_driver(driver)
     t0 = time.perf_counter()
-    end_s = run_stoppable(driver, driver.run, handle_sigint=handle_sigint, stop_mode=stop_mode)
+    with stop_on_signals(driver, stop_mode, enabled=handle_sigint):
+        end_s = driver.run()
     counts = core.check_invariants()
     requests = core.table.to_frame(core.source.admitted)
     batches = core.batches.to_frame()
@@ -229,6 +244,8 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
         "dtype": described.get("dtype"), "torch_version": described.get("torch_version"),
         "end_s": end_s, "wall_s": time.perf_counter() - t0, "status_counts": counts,
         "stopped_early": driver.stopped_early, "stopped_s": driver.stopped_at_s,
+        "stopped_by": driver.stopped_by if driver.stopped_early else None,
+        "unfinished_batches": driver.unfinished_batches,
         "calibration_warnings": warnings,
         "drain_timeout_s": drain_s, "drain_timed_out": driver.drain_timed_out,
         "fatal_error": driver.fatal_error, "describe_error": describe_error,

@@ -14,9 +14,11 @@ ignored (greedy), as ``--ignore-eos`` does.
 Sequences join a free slot when first scheduled and leave it when they finish, fail or are
 preempted (a preempted sequence recomputes from position 0 when scheduled again, in whatever
 slot is free then). A step that raises fails only its requests. :meth:`LiveLlmEngine.stop`
-(Ctrl-C) stops admitting; ``drain`` finishes what was admitted, ``abandon`` leaves it in flight.
-The drain deadline (horizon + drain timeout) ends the run on time; what is unfinished stays in
-flight (censored).
+(Ctrl-C or SIGTERM, see :mod:`executor.lifecycle`) stops admitting; ``drain`` finishes what was
+admitted, ``abandon`` leaves it in flight; :meth:`LiveLlmEngine.hurry` (a second signal) ends
+the run at once. The drain deadline (horizon + drain timeout) ends the run on time; what is
+unfinished stays in flight (censored). A step that hangs holds its worker thread, not the
+process: the workers get at most ``hung_grace_s`` to return after the run ends.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from calibration.llm_decoder import LlamaDecoder, StepEntry
+from executor.lifecycle import HUNG_GRACE_S, check_stop_mode, join_within
 from sim.scenario.step_time import StepModel
 from sim.serving.llm.core import LlmCore
 from sim.serving.llm.schedulers import StepPlan
@@ -88,7 +91,8 @@ class LiveLlmEngine:
 
     def __init__(self, core: LlmCore, decoders: Sequence[Any], *,
                  drain_until_s: float = math.inf,
-                 loader: Callable[[int], Any] | None = None) -> None:
+                 loader: Callable[[int], Any] | None = None,
+                 hung_grace_s: float = HUNG_GRACE_S) -> None:
         if len(decoders) != len(core.schedulers):
             raise ValueError(f"need one decoder per replica ({len(core.schedulers)}), got "
                              f"{len(decoders)}")
@@ -107,6 +111,9 @@ class LiveLlmEngine:
         self.fatal_error: str | None = None
         self.drain_until_s = drain_until_s
         self._stop = threading.Event()
+        self._hurry = threading.Event()
+        self.hung_grace_s = hung_grace_s
+        self.stopped_by: str | None = None  # SIGINT, SIGTERM, stop()
         self._mode = "drain"
         self.stopped_at_s: float | None = None
         self.drain_timed_out = False
@@ -114,12 +121,22 @@ class LiveLlmEngine:
         self.start_perf = 0.0
 
     def stop(self, mode: str = "drain") -> None:
-        """Stop admitting arrivals; ``drain`` finishes admitted work, ``abandon`` does not."""
-        if mode not in ("drain", "abandon"):
-            raise ValueError(f"stop mode {mode!r}: allowed: drain, abandon")
-        self._mode = mode
+        """Stop admitting arrivals; ``drain`` finishes admitted work, ``abandon`` does not.
+
+        A later call may turn a drain into an abandon, never back.
+        """
+        check_stop_mode(mode)
+        if self.stopped_by is None:
+            self.stopped_by = "stop()"
+        if self._mode != "abandon":
+            self._mode = mode
         self._stop.set()
         self._events.put(("stop",))  # wake the driving thread now
+
+    def hurry(self) -> None:
+        """End the run now: abandon admitted work and do not wait for running steps."""
+        self._hurry.set()
+        self.stop("abandon")
 
     def now_s(self) -> float:
         """Seconds since the run started."""
@@ -199,8 +216,7 @@ class LiveLlmEngine:
         finally:
             for inbox in inboxes:
                 inbox.put(None)
-            for w in workers:
-                w.join(timeout=60)
+            join_within(workers, self.hung_grace_s, self._hurry)  # a hung step: bounded
 
     def _drive(self) -> float:
         """The driving thread: one :meth:`LlmCore.step` per event, the stop, the end."""

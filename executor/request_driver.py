@@ -18,9 +18,17 @@ outlives ``batch_timeout_s`` fails its requests at the timeout while its replica
 until the call returns. A runner whose ``payloads()`` raises fails that batch the same way. A
 worker that cannot start at all (``prepare_thread()`` or its CUDA stream raises) fails every
 batch it is given with that reason and stops the run: :attr:`LiveDriver.fatal_error` says why.
-:meth:`LiveDriver.stop` (Ctrl-C) takes in the arrivals already due, stops admitting and then
-either drains what is queued and running (queued requests still expire) or abandons the
-queue; either way the records stay consistent.
+:meth:`LiveDriver.stop` (Ctrl-C or SIGTERM, see :mod:`executor.lifecycle`) takes in the
+arrivals already due, stops admitting and then either drains what is queued and running
+(queued requests still expire) or abandons the queue; either way the records stay consistent.
+:meth:`LiveDriver.hurry` (a second signal) ends the run at once.
+
+A hung model call: when the loop ends, the workers get at most ``hung_grace_s`` in all to
+return (:data:`executor.lifecycle.HUNG_GRACE_S`; a signal cuts it short); a batch still inside
+the model then stays in flight (its requests censored, or failed if ``batch_timeout_s``
+failed them) and is listed in :attr:`LiveDriver.unfinished_batches`. A batch failed by the batch
+timeout is marked failed in the batch table at once; its ``finish_s`` is when its call
+returned (NaN if it had not returned by the end of the run).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from calibration.model_runners import ModelRunner
+from executor.lifecycle import HUNG_GRACE_S, check_stop_mode, join_within
 from sim.serving.core import Batch, Finished, ServingCore
 from sim.serving.fleet import STARTING
 
@@ -81,18 +90,21 @@ class Health:
         dispatch_overhead_s: Per decision that dispatched: the time spent in the core and the
             policy (decide, drops, bookkeeping), excluding the model.
         handoff_s: Per batch: from dispatch to the worker starting the model call.
+        loop_lateness_s: Per wait of the driver's loop: how long past its planned end it
+            woke (a busy machine starves the thread; this bounds how late a deadline is seen).
     """
 
     arrival_lateness_s: list[float] = field(default_factory=list)
     wake_lateness_s: list[float] = field(default_factory=list)
     dispatch_overhead_s: list[float] = field(default_factory=list)
     handoff_s: list[float] = field(default_factory=list)
+    loop_lateness_s: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """p50 / p99 / max (ms) and count of each series."""
         out: dict[str, dict[str, float]] = {}
         for name in ("arrival_lateness_s", "wake_lateness_s", "dispatch_overhead_s",
-                     "handoff_s"):
+                     "handoff_s", "loop_lateness_s"):
             values = np.asarray(getattr(self, name)) * 1e3
             key = name.removesuffix("_s") + "_ms"
             if values.size == 0:
@@ -199,7 +211,8 @@ class LiveDriver:
                  batch_timeout_s: float | None = None, seed: int = 0,
                  drain_timeout_s: float = 30.0, drain_until_s: float = math.inf,
                  stream_per_replica: bool = True, spin_s: float = SPIN_S,
-                 loader: ReplicaLoader | None = None) -> None:
+                 loader: ReplicaLoader | None = None,
+                 hung_grace_s: float = HUNG_GRACE_S) -> None:
         if len(runners) != core.n_replicas:
             raise ValueError(f"need one runner per replica ({core.n_replicas}), "
                              f"got {len(runners)}")
@@ -216,6 +229,11 @@ class LiveDriver:
         self.health = Health()
         self._inbox: queue.Queue[Finished | _Fatal | _Ready] = queue.Queue()
         self._stop = threading.Event()
+        self._hurry = threading.Event()
+        self.hung_grace_s = hung_grace_s
+        self.unfinished_batches: list[int] = []  # still inside the model when the run ended
+        self.join_wait_s = 0.0  # how long the end waited for running model calls
+        self.stopped_by: str | None = None  # SIGINT, SIGTERM, stop(), fatal error
         self._stop_mode = "drain"
         self._timed_out: set[int] = set()
         self.stopped_early = False
@@ -230,11 +248,21 @@ class LiveDriver:
         self.load_phases_s: list[dict[str, float]] = []  # each launched replica's cold start
 
     def stop(self, mode: str = "drain") -> None:
-        """Stop admitting arrivals; ``drain`` finishes queued work, ``abandon`` does not."""
-        if mode not in ("drain", "abandon"):
-            raise ValueError(f"stop mode {mode!r}: allowed: drain, abandon")
-        self._stop_mode = mode
+        """Stop admitting arrivals; ``drain`` finishes queued work, ``abandon`` does not.
+
+        A later call may turn a drain into an abandon, never back.
+        """
+        check_stop_mode(mode)
+        if self.stopped_by is None:
+            self.stopped_by = "stop()"
+        if self._stop_mode != "abandon":
+            self._stop_mode = mode
         self._stop.set()
+
+    def hurry(self) -> None:
+        """End the run now: abandon the queue and do not wait for running model calls."""
+        self._hurry.set()
+        self.stop("abandon")
 
     def now_s(self) -> float:
         """Seconds since the run started."""
@@ -270,6 +298,8 @@ class LiveDriver:
                     core.admit_until(now)  # what was due by the stop still arrives
                     core.source.close()
                 abandoning = self._stop.is_set() and self._stop_mode == "abandon"
+                if abandoning:  # a drain turned into an abandon ends now too
+                    deadline = min(deadline, now)
                 self._step(now, finished, dispatch=not abandoning)
                 finished = []
                 now = self.now_s()
@@ -288,7 +318,10 @@ class LiveDriver:
                 wait_until = min(self._wake_s, self._next_batch_timeout(), deadline)
                 wait_s = wait_until - self.now_s()
                 if wait_s > self.spin_s:
-                    finished = self._collect(block_s=min(wait_s - self.spin_s, _POLL_S))
+                    block_s = min(wait_s - self.spin_s, _POLL_S)
+                    planned_s = self.now_s() + block_s
+                    finished = self._collect(block_s=block_s)
+                    self.health.loop_lateness_s.append(max(0.0, self.now_s() - planned_s))
                 else:
                     time.sleep(0)  # due within spin_s: yield, then look again
                     finished = self._collect(block_s=0.0)
@@ -297,12 +330,16 @@ class LiveDriver:
             workers = list(self._workers.values())
             for w in workers:
                 w.jobs.put(None)
-            for w in workers:
-                w.join(timeout=60)
+            # a hung model call holds its worker: wait a bounded time, then leave it
+            joined_s = time.perf_counter()
+            join_within(workers, self.hung_grace_s, self._hurry)
+            self.join_wait_s = time.perf_counter() - joined_s
             if not self.drain_timed_out:  # batches that ended with the loop: record them
                 finished += self._collect(block_s=0.0)
                 if finished:
                     core.step(self.now_s(), finished, dispatch=False)
+            self.unfinished_batches = sorted(b.id for rb in core.running_batches
+                                             for b in rb.values())
             gc.unfreeze()
         return end_s
 
@@ -346,7 +383,7 @@ class LiveDriver:
         if worker is None:
             return
         worker.jobs.put(None)
-        worker.join(timeout=60)
+        join_within([worker], self.hung_grace_s, self._hurry)
         device = str(getattr(worker.runner, "device", "cpu"))
         worker.runner = None
         release(device)
@@ -364,6 +401,8 @@ class LiveDriver:
             elif isinstance(item, _Fatal):
                 if self.fatal_error is None:
                     self.fatal_error = f"replica {item.replica}: {item.error}"
+                if self.stopped_by is None:
+                    self.stopped_by = "fatal error"
                 self.stop("abandon")
             else:
                 error = item.error

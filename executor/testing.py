@@ -1,4 +1,10 @@
-"""Stand-in runners for tests and overhead measurements (no model; precise sleeps)."""
+"""Stand-in runners for tests and overhead measurements (no model; precise sleeps).
+
+A sleep is never shorter than asked, but on a busy machine it can be much longer (the thread
+waits for a core after waking: several ms with two CPU hogs on two cores). Each stand-in
+therefore records what it drew (``drawn_s``) and how long each call really took
+(``took_s``), so a test compares against what the machine did in that run.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +45,8 @@ class SleepRunner:
         self.fail_on = set(fail_on)
         self.stall_on = dict(stall_on or {})
         self.calls = 0
+        self.took_s: list[float] = []  # per call: how long it really took (s)
+        self.sizes: list[int] = []  # per call: the batch size
 
     def payloads(self, n: int, rng: np.random.Generator) -> list[Any]:
         """``n`` placeholder payloads."""
@@ -48,7 +56,10 @@ class SleepRunner:
         """Sleep for the batch's service time (plus any stall); raise when told to."""
         index = self.calls
         self.calls += 1
+        begin = time.perf_counter()
         precise_sleep(self.service_s(len(payloads)) + self.stall_on.get(index, 0.0))
+        self.took_s.append(time.perf_counter() - begin)
+        self.sizes.append(len(payloads))
         if index in self.fail_on:
             raise RuntimeError(f"injected failure in batch {index}")
         return len(payloads)
@@ -85,6 +96,9 @@ class ReplayRunner:
         self.same_draws_as_seed = same_draws_as_seed
         self._service = self._fresh_service(seed)
         self._last_end = -math.inf
+        self.drawn_s: list[float] = []  # per call: the service time drawn (s)
+        self.idle_s: list[float] = []  # per call: idle since the previous call ended (s)
+        self.took_s: list[float] = []  # per call: how long it really took (s)
 
     def _fresh_service(self, seed: int) -> Any:
         from sim.scenario.build import Streams
@@ -107,8 +121,13 @@ class ReplayRunner:
     def run_batch(self, payloads: Sequence[Any]) -> Any:
         """Sleep for one draw of the profile's service time at this batch size."""
         begin = time.perf_counter()
-        precise_sleep(self._service.sample_s(len(payloads), begin - self._last_end))
+        idle = begin - self._last_end
+        drawn = self._service.sample_s(len(payloads), idle)
+        precise_sleep(drawn)
+        self.idle_s.append(idle)
         self._last_end = time.perf_counter()
+        self.drawn_s.append(drawn)
+        self.took_s.append(self._last_end - begin)
         return len(payloads)
 
     def describe(self) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -353,9 +354,10 @@ def live_cmd(
         "--set", help="Override a field (repeatable)."),
     ] = None,
     batch_timeout_ms: Annotated[float | None, typer.Option(
-        help="Fail a batch's requests when its model call takes longer.")] = None,
+        help="Fail a batch's requests when its model call takes longer (ms, > 0).")] = None,
     on_interrupt: Annotated[str, typer.Option(
-        help="Ctrl-C: drain (finish queued work) or abandon.")] = "drain",
+        help="Ctrl-C or SIGTERM: drain (finish queued work) or abandon; a second signal "
+             "ends the run at once. What was measured is written either way.")] = "drain",
     drain_timeout_s: Annotated[float | None, typer.Option(help=DRAIN_HELP)] = None,
     max_wall_s: Annotated[float, typer.Option(help=MAX_WALL_HELP)] = 600.0,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
@@ -366,8 +368,15 @@ def live_cmd(
 
     if on_interrupt not in ("drain", "abandon"):
         fail(f"--on-interrupt {on_interrupt!r}: allowed: drain, abandon")
+    if batch_timeout_ms is not None and not (math.isfinite(batch_timeout_ms)
+                                             and batch_timeout_ms > 0):
+        fail(f"--batch-timeout-ms {batch_timeout_ms:g}: must be a finite number of "
+             "milliseconds > 0 (leave it out for no batch timeout)")
     set_ = _with_model(scenario, set_, model)
     if _is_llm(scenario):
+        if batch_timeout_ms is not None:
+            fail("--batch-timeout-ms: not supported for LLM scenarios (a step serves many "
+                 "requests at once); leave it out")
         _live_llm(scenario, out, set_, on_interrupt, drain_timeout_s, max_wall_s, force)
         return
     try:
@@ -392,7 +401,9 @@ def live_cmd(
         err_console.print(f"[bold yellow]calibration mismatch:[/] {note}")
     from servelab.report import summary_table
 
-    early = ", stopped early" if result.meta["stopped_early"] else ""
+    by = result.meta.get("stopped_by")
+    early = (f", stopped early by {by}" if by else ", stopped early") if result.meta[
+        "stopped_early"] else ""
     title = f"{result.scenario.name} (live{early})"
     console.print(summary_table(result.summary, title=title))
     health = result.summary["executor_health"]
@@ -436,7 +447,9 @@ def _live_llm(scenario: str, out: Path | None, set_: list[str] | None, on_interr
         err_console.print(f"[bold yellow]failed step:[/] {error}")
     from servelab.report import summary_table
 
-    early = ", stopped early" if result.meta["stopped_early"] else ""
+    by = result.meta.get("stopped_by")
+    early = (f", stopped early by {by}" if by else ", stopped early") if result.meta[
+        "stopped_early"] else ""
     console.print(summary_table(result.summary, title=f"{result.scenario.name} (live{early})"))
     if out is not None:
         console.print(f"run directory: {out}")

@@ -6,11 +6,11 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
-import yaml
 
 from dashboard import figures
 from dashboard.i18n import chart, frame, t
-from dashboard.state import fmt, parse_upload, profile_choice, run_scenario
+from dashboard.restore import RestoreError, restorable
+from dashboard.state import fmt, profile_choice, run_scenario
 from dashboard.widgets import autoscaling_widgets, policy_widgets, workload_widgets
 from sim.metrics.stability import stability_warning
 
@@ -25,13 +25,10 @@ st.caption(t("Pick a profile, arrivals and a policy; everything re-simulates as 
 restore = st.file_uploader(t("restore a scenario (YAML)"), type=["yaml", "yml"], key="restore")
 loaded: dict[str, Any] = {}
 if restore is not None:
-    try:
-        data = parse_upload(restore.getvalue(), restore.name)
-        if not isinstance(data, dict):
-            raise ValueError("the file must hold a mapping of scenario keys")
-        loaded = data
-    except (ValueError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        st.error(f"Could not read {restore.name}: {exc}")
+    try:  # one error surface: any problem is one line naming the field; defaults stay
+        loaded = restorable(restore.getvalue(), restore.name)
+    except RestoreError as exc:
+        st.error(f"Could not restore {exc}")
 
 left, right = st.columns([1, 3])
 with left:

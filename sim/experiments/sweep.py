@@ -197,8 +197,11 @@ def execute(tasks: Sequence[Task], *, workers: int | None = None, dask: str | No
         return
     import multiprocessing
 
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork")
-                             ) as pool:
+    from sim.experiments.orphans import die_with_parent
+
+    # the workers die with this process, even when it is killed (see sim.experiments.orphans)
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork"),
+                             initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         pending: set[Future[dict[str, Any]]] = {pool.submit(run_task, t) for t in tasks}
         done_count = 0
         try:

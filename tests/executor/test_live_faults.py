@@ -271,10 +271,20 @@ def test_queue_bounds_and_timeouts_shed_load_live_as_in_the_simulator() -> None:
     simulated = sim.run(cfg)
     measured = run_guarded(cfg, [SleepRunner(lambda n: 0.010)])
     for name in ("rejected", "timed_out", "ok"):
-        assert measured.summary[name] > 0
-        # 3.3 ms between arrivals against 10 ms per request: a shift of a few hundred
-        # microseconds in live timing moves at most a few requests between the outcomes
-        assert measured.summary[name] == pytest.approx(simulated.summary[name], abs=6), name
+        assert measured.summary[name] > 0 and simulated.summary[name] > 0
     reasons = set(measured.requests.loc[measured.requests["status"] != "ok", "reason"])
     assert reasons == {"queue_full", "queue_timeout"}
     assert measured.summary["stability"]["verdict"] == "saturated"
+    # how many of each outcome depends on how long each 10 ms sleep really took (on a busy
+    # machine, several ms more); the rules that decide each outcome do not, and they are the
+    # simulator's: a rejected request found the queue full, a timed-out one left the queue
+    # exactly at its 40 ms bound, and none that ran had waited longer
+    req, queue = measured.requests, measured.queue.sort_values("time_s", kind="stable")
+    for arrival in req.loc[req["status"] == "rejected", "arrival_s"]:
+        before = queue.loc[queue["time_s"] <= arrival, "length"]
+        assert int(before.iloc[-1]) == 5
+    expired = req[req["status"] == "timed_out"]
+    np.testing.assert_allclose(expired["finish_s"] - expired["arrival_s"], 0.040, atol=1e-9)
+    ran = req[req["status"] == "ok"]
+    assert ((ran["start_s"] - ran["arrival_s"]) <= 0.040 + 1e-9).all()
+    assert (queue["length"] <= 5).all()
