@@ -160,9 +160,10 @@ def scenarios() -> None:
 
 @app.command()
 def calibrate(
-    model: Annotated[str, typer.Option(
-        help="minilm | mlp | cnn | module.path:factory, or llm (a decoder's step profile; "
-             "--param shape=small|1b|8b and its sizes)")] = "minilm",
+    model: Annotated[str | None, typer.Option(
+        help="minilm (default) | mlp | cnn | module.path:factory, or llm (a decoder's step "
+             "profile; --param shape=small|1b|8b and its sizes); with --endpoint: the served "
+             "model's name (default: the first the server lists)")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (fp16 needs CUDA)")] = "fp32",
     threads: Annotated[int | None, typer.Option(
@@ -188,6 +189,15 @@ def calibrate(
         min=0, help="Also time this many cold starts (build the runner, load weights, move to "
         "the device, first forward): autoscaled scenarios draw new replicas' start-up from "
         "them.")] = 0,
+    endpoint: Annotated[str | None, typer.Option(
+        help="Calibrate the server behind this OpenAI-compatible endpoint instead "
+        "(http://HOST:PORT): its step model and per-request overheads.")] = None,
+    budget_s: Annotated[float, typer.Option(
+        help="With --endpoint: the most seconds probing may take.")] = 180.0,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        help="With --endpoint: the server's max_num_seqs (vLLM does not expose it).")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="With --endpoint: the server's max_num_batched_tokens.")] = None,
 ) -> None:
     """Measure a model's batched latency curve; write the profile JSON and an HTML report.
 
@@ -196,6 +206,13 @@ def calibrate(
     """
     from servelab.calibrate import parse_params, run_calibration
 
+    if endpoint is not None:
+        from servelab.endpoint_cli import calibrate_endpoint_cmd
+
+        calibrate_endpoint_cmd(endpoint, model, out, budget_s, reps, max_num_seqs,
+                               max_num_batched_tokens, seed)
+        return
+    model = model or "minilm"
     if model == "llm":
         from servelab.calibrate_llm import run_step_calibration
 
@@ -335,6 +352,12 @@ def compare_cmd(
         help="Refuse when the predicted wall time of all live runs exceeds this (seconds)."),
     ] = 600.0,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    endpoint: Annotated[str | None, typer.Option(
+        help="Measure this OpenAI-compatible server with bench instead of running live.")]
+    = None,
+    profile: Annotated[Path | None, typer.Option(
+        help="With --endpoint: the step profile calibrate --endpoint wrote (its overheads "
+        "and server knobs are applied).")] = None,
 ) -> None:
     """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
     from executor.compare import compare, sweep
@@ -346,6 +369,12 @@ def compare_cmd(
         except ValueError:
             fail(f"--sweep {sweep_!r}: give comma-separated numbers, e.g. 0.3,0.6,0.8,0.9")
             return
+    if endpoint is not None:
+        from servelab.endpoint_cli import compare_endpoint_cmd
+
+        compare_endpoint_cmd(scenario, endpoint, profile, out, repeats, set_, probe,
+                             drain_timeout_s, rhos, _compare_table)
+        return
     if _is_llm(scenario):
         _compare_llm(scenario, out, repeats, set_, probe, drain_timeout_s, max_wall_s, force,
                      rhos)
