@@ -129,7 +129,7 @@ def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoi
                         stored_summary=stored.summary if sims else None, metrics=LLM_METRICS)
     data = {"scenario": scn.name, "kind": "llm", "driver": "bench", "endpoint": base,
             "model": model, "repeats": repeats, "probe_mode": probe_mode,
-            "profile": stored_profile.meta.get("endpoint") and scn.service.path,
+            "profile": scn.service.path,
             "overheads_ms": {"request_ms": request_s * 1e3,
                              "per_output_token_ms": per_token_s * 1e3},
             "offered_rps": stored.summary["stability"]["offered_rps"],

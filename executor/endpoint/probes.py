@@ -4,7 +4,8 @@
 * :func:`prefill_ttft_s`: one request at a time with one output token; its TTFT is the
   per-request overhead plus one prefill-only step of that prompt.
 * :func:`decode_itl_s`: ``D`` requests at once with long outputs; once all of them stream
-  and before any ends, every gap between two chunks of a stream is one decode step of ``D``
+  and before any ends, every gap between two chunks of a stream, over the tokens the later
+  chunk carries (a busy API server sends several in one), is one decode step of ``D``
   sequences (steady-state ITL).
 * :func:`mixed_step_s`: one-token requests of ``P`` prompt tokens sent among ``D`` running
   decodes; the decode streams' gap that ends with the newcomer's first token is the step
@@ -79,8 +80,9 @@ def _steady_gaps(outs: list[Outcome]) -> np.ndarray:
     gaps = []
     for o in outs:
         t = np.asarray(o.chunk_s)
+        per = np.diff(t) / np.maximum(np.asarray(o.chunk_tokens[1:], float), 1.0)
         keep = (t[:-1] >= lo) & (t[1:] <= hi)
-        gaps.append(np.diff(t)[keep])
+        gaps.append(per[keep])
     return np.concatenate(gaps) if gaps else np.empty(0)
 
 

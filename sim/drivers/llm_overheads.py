@@ -22,24 +22,25 @@ def overheads_s(scenario: LlmScenario) -> tuple[float, float]:
 
 
 def apply_overheads(requests: pd.DataFrame, tokens: pd.DataFrame, token_s: np.ndarray,
-                    token_offset: np.ndarray, request_s: float, per_token_s: float,
+                    token_offset: np.ndarray, arrival_s: np.ndarray, per_token_s: float,
                     ) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
     """The tables as the client sees them: arrivals back at their scheduled times (the core
-    saw them ``request_s`` later) and token ``k`` of each request ``k × per_token_s`` later.
+    saw them later by the request overhead) and token ``k`` of each request
+    ``k × per_token_s`` later.
 
     Args:
-        requests: The core's requests table (its ``arrival_s`` shifted by ``request_s``).
+        requests: The core's requests table (its ``arrival_s`` shifted).
         tokens: One row per output token (``id``, ``index``, ``time_s``).
         token_s: Every token's time, request by request (``token_offset`` delimits them).
         token_offset: Start of each request's tokens in ``token_s`` (one more than requests).
-        request_s: The shift the core's arrivals got.
+        arrival_s: Every request's scheduled arrival (before the shift).
         per_token_s: Added per output token after the first.
 
     Returns:
         The requests, tokens and token times, adjusted (new objects).
     """
     requests = requests.copy()
-    requests["arrival_s"] = requests["arrival_s"] - request_s
+    requests["arrival_s"] = arrival_s[: len(requests)]
     token_s = np.array(token_s, dtype=float, copy=True)
     n = len(requests)
     if per_token_s and n:

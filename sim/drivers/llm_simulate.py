@@ -281,6 +281,7 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
     core = build_llm_core(scn)
     model = build_step_model(scn)
     horizon = horizon_s(scn, core.arrival_s)
+    arrival_s = core.arrival_s
     request_s, per_token_s = overheads_s(scn)
     if request_s:  # the core sees a request when it is past the API and tokenisation
         core.arrival_s = core.arrival_s + request_s
@@ -292,7 +293,7 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
     token_s = core.token_s
     if request_s or per_token_s:
         requests, tokens, token_s = apply_overheads(requests, tokens, core.token_s,
-                                                    core.token_offset, request_s, per_token_s)
+                                                    core.token_offset, arrival_s, per_token_s)
     num_blocks = core.limits.num_blocks
     summary = summarize_llm(requests, token_s, core.token_offset, steps, queue,
                             warmup_s=scn.warmup_s, horizon_s=horizon, end_s=end_s,
