@@ -5,8 +5,9 @@ and a scenario fragment holding the server's knobs.
 
 What is fitted (times as the client sees them):
 
-* decode steps: steady-state ITL of ``D`` concurrent streams at context ``L`` (prompt + half
-  the output) fits ``a + c·D + d·D·L`` (:func:`executor.endpoint.probes.decode_itl_s`);
+* decode steps: the time per extra output token of ``D`` concurrent streams at context ``L``
+  (prompt + half the output) fits ``a + c·D + d·D·L``
+  (:func:`executor.endpoint.probes.decode_itl_s`);
 * prefill steps: one-token requests' TTFT fits ``i + b·P``; the intercept less the decode
   steps' base ``a`` is the per-request overhead ``request_ms`` (API, tokenisation, the first
   token's return: BLIS's α); each prefill sample less it is a prefill-only step;
@@ -14,8 +15,8 @@ What is fitted (times as the client sees them):
   ``inter_token_latency_seconds`` on ``/metrics``) at one running sequence; 0 where the server
   exposes none (then such costs stay inside the decode step times);
 * steps mixing a prefill with decodes: composed as prefill step + decode step − ``a``, and
-  checked against the mixed probe (:func:`executor.endpoint.probes.mixed_step_s`), whose
-  measured samples replace the composed cell they land on.
+  checked against the mixed probe (:func:`executor.endpoint.probes.mixed_step_s`; kept in
+  ``meta.mixed_check``, not in the grid: a server streaming in bursts blurs it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from executor.endpoint.server_info import EndpointError
 PREFILL_TOKENS = (16, 64, 256, 1024)
 DECODE_SEQS = (1, 2, 4, 8, 16)
 DECODE_PROMPTS = (32, 512)
-OUTPUT_TOKENS = 48
+OUTPUT_TOKENS = 64
 MIN_REPS = 3
 SERVER_ITL = ("inter_token_latency_seconds", "time_per_output_token_seconds")
 
@@ -72,12 +73,17 @@ def plan_grid(max_model_len: int, max_num_seqs: int | None,
     return {"prefill_tokens": prefill, "decode_seqs": seqs, "decode_prompts": prompts}
 
 
+def _runs(seqs: int, reps: int) -> int:
+    """Decode runs at ``seqs`` sequences: enough for ``reps`` per-stream samples."""
+    return max(1, math.ceil(reps / seqs))
+
+
 def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float) -> float:
     """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
     ITL (decode steps assumed to grow at most linearly with sequences up to 4×).
     """
     prefill = reps * len(grid["prefill_tokens"]) * ttft_s
-    decode = sum(OUTPUT_TOKENS * itl_s * min(1 + d / 4, 4) + ttft_s
+    decode = sum(_runs(d, reps) * (1.25 * OUTPUT_TOKENS * itl_s * min(1 + d / 4, 4) + 2 * ttft_s)
                  for d in grid["decode_seqs"] for _ in grid["decode_prompts"])
     return prefill + decode + OUTPUT_TOKENS * 2 * itl_s * 2
 
@@ -115,7 +121,7 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
     # a first look at the server's speed sizes the plan to the budget
     probes.prefill_ttft_s(target, grid["prefill_tokens"][0], 1)  # warm-up, untimed
     ttft_long = max(probes.prefill_ttft_s(target, grid["prefill_tokens"][-1], 2))
-    itl_one = float(np.median(probes.decode_itl_s(target, 1, 16, 24) or [ttft_long]))
+    itl_one = float(np.median(probes.decode_itl_s(target, 1, 16, 32) or [ttft_long]))
     left = budget_s - (time.perf_counter() - t_start)
     while reps > MIN_REPS and estimate_s(grid, reps, ttft_long, itl_one) > left:
         reps -= 1
@@ -138,10 +144,12 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
     for prompt, ctx in zip(grid["decode_prompts"], contexts, strict=True):
         for d in grid["decode_seqs"]:
             before = server_info.metrics(base) if d == 1 else None
-            itl[(d, ctx)] = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS)
+            itl[(d, ctx)] = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS,
+                                                  _runs(d, reps))
             if not itl[(d, ctx)]:
-                raise EndpointError(f"decode probe of {d} sequences saw no steady stream: "
-                                    "is max_num_seqs below it? pass --max-num-seqs")
+                raise EndpointError(f"decode probe of {d} sequences: longer outputs did not "
+                                    "take longer (a server too noisy to probe, or one that "
+                                    "does not stream per token?)")
             if d == 1 and prompt == grid["decode_prompts"][0]:
                 server = _server_itl(before, server_info.metrics(base))
                 if server is not None:
@@ -155,13 +163,13 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
                                 mix_p, reps, itl_one)
     composed = profile.step_s(mix_p, mix_d, mix_d * contexts[0])
     if mixed:
-        profile.samples_s[StepProfile.key(mix_p, mix_d, contexts[0])] = mixed
-        meta["composed_cells"].remove([mix_p, mix_d, contexts[0]])
         say(f"mixed step ({mix_p} prefill + {mix_d} decodes): {np.median(mixed) * 1e3:.2f} ms "
             f"measured, {composed * 1e3:.2f} ms composed")
     meta["mixed_check"] = {"prefill_tokens": mix_p, "decode_seqs": mix_d,
                            "context": contexts[0], "samples_s": mixed,
-                           "composed_s": composed}
+                           "composed_s": composed,
+                           "rel_error": float(composed / np.median(mixed) - 1) if mixed
+                           else None}
     meta.update({"method": "endpoint", "endpoint": base, "model": model,
                  "server_models": listed, "server": knobs, "reps": reps,
                  "budget_s": budget_s, "wall_s": time.perf_counter() - t_start,
@@ -209,7 +217,7 @@ def _fit(grid: dict[str, list[int]], contexts: list[int], ttft: dict[int, list[f
                              "ms_per_prefill_token": b_s * 1e3},
             "composed_cells": composed,
             "note": "cells with both prefill and decodes are composed (prefill step + decode "
-                    "step - decode base) except the one the mixed probe measured"}
+                    "step - decode base); meta.mixed_check compares one with a measurement"}
     return profile, meta
 
 

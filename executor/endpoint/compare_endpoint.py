@@ -34,7 +34,7 @@ from sim.metrics.rundir import write_json
 from sim.scenario.llm import LlmProfileServiceCfg, LlmScenario, load_llm_scenario
 
 PROBE_PREFILL_TOKENS = 64
-PROBE_DECODE = (1, 32, 24)  # sequences, prompt tokens, output tokens
+PROBE_DECODE = (1, 32, 32)  # sequences, prompt tokens, output tokens
 
 
 def probe_endpoint(target: probes.Target, profile: StepProfile, request_s: float,
@@ -45,7 +45,7 @@ def probe_endpoint(target: probes.Target, profile: StepProfile, request_s: float
     """
     ttft = float(np.median(probes.prefill_ttft_s(target, PROBE_PREFILL_TOKENS, reps)))
     seqs, prompt, output = PROBE_DECODE
-    gaps = probes.decode_itl_s(target, seqs, prompt, output)
+    gaps = probes.decode_itl_s(target, seqs, prompt, output, runs=3)
     if not gaps:
         raise UserError("probe: the server streamed no separate tokens to time (all in one "
                         "chunk?); use --probe off")

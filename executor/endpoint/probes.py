@@ -3,13 +3,12 @@
 
 * :func:`prefill_ttft_s`: one request at a time with one output token; its TTFT is the
   per-request overhead plus one prefill-only step of that prompt.
-* :func:`decode_itl_s`: ``D`` requests at once with long outputs; once all of them stream
-  and before any ends, every gap between two chunks of a stream, over the tokens the later
-  chunk carries (a busy API server sends several in one), is one decode step of ``D``
-  sequences (steady-state ITL).
+* :func:`decode_itl_s`: ``D`` requests at once, with long outputs and with a quarter of
+  that; the E2E difference per extra token is one decode step of ``D`` sequences.
 * :func:`mixed_step_s`: one-token requests of ``P`` prompt tokens sent among ``D`` running
   decodes; the decode streams' gap that ends with the newcomer's first token is the step
-  that held its prefill and the ``D`` decodes.
+  that held its prefill and the ``D`` decodes (where the server streams each step as it
+  ends; bursts blur it, so it serves as a check).
 """
 
 from __future__ import annotations
@@ -71,28 +70,29 @@ def prefill_ttft_s(target: Target, prompt_tokens: int, reps: int) -> list[float]
     return [o.chunk_s[0] - o.sent_s for o in outs[1:]]
 
 
-def _steady_gaps(outs: list[Outcome]) -> np.ndarray:
-    """Chunk gaps while every stream runs (after the last first token, before the first
-    stream's last chunk).
+def _e2e_s(outs: list[Outcome]) -> list[float]:
+    return [o.chunk_s[-1] - o.sent_s for o in outs]
+
+
+def decode_itl_s(target: Target, seqs: int, prompt_tokens: int, output_tokens: int,
+                 runs: int = 1) -> list[float]:
+    """Seconds per decode step of ``seqs`` concurrent requests, by difference: each stream's
+    E2E at ``output_tokens`` less the median E2E of the same batch at a quarter of that
+    length, over the tokens between. Start-up (prefills, connection) cancels, and so do the
+    bursts a busy API server streams in after a stall (single gaps, or the span between a
+    stream's chunks, mislead then: a whole stream can arrive in one read). One sample per
+    stream and run.
     """
-    lo = max(o.chunk_s[0] for o in outs)
-    hi = min(o.chunk_s[-1] for o in outs)
-    gaps = []
-    for o in outs:
-        t = np.asarray(o.chunk_s)
-        per = np.diff(t) / np.maximum(np.asarray(o.chunk_tokens[1:], float), 1.0)
-        keep = (t[:-1] >= lo) & (t[1:] <= hi)
-        gaps.append(per[keep])
-    return np.concatenate(gaps) if gaps else np.empty(0)
-
-
-def decode_itl_s(target: Target, seqs: int, prompt_tokens: int, output_tokens: int
-                 ) -> list[float]:
-    """Steady-state chunk gaps of ``seqs`` concurrent requests (one sample per gap)."""
-    jobs = [Job(i, 0.0, target.prompt(prompt_tokens), prompt_tokens, output_tokens)
-            for i in range(seqs)]
-    gaps = _steady_gaps(send(target, jobs))
-    return [float(g) for g in gaps if g > 0]
+    short = max(2, output_tokens // 4)
+    samples: list[float] = []
+    for _ in range(runs):
+        batch = [Job(i, 0.0, target.prompt(prompt_tokens), prompt_tokens, short)
+                 for i in range(seqs)]
+        base_s = float(np.median(_e2e_s(send(target, batch))))
+        batch = [Job(i, 0.0, target.prompt(prompt_tokens), prompt_tokens, output_tokens)
+                 for i in range(seqs)]
+        samples += [(e - base_s) / (output_tokens - short) for e in _e2e_s(send(target, batch))]
+    return [v for v in samples if v > 0]
 
 
 def mixed_step_s(target: Target, seqs: int, prompt_tokens: int, output_tokens: int,
