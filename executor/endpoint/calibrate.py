@@ -96,6 +96,17 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
     """Probe ``endpoint`` and write ``out`` (the step profile) and ``out``'s
     ``.scenario.yaml`` fragment; return the profile's ``meta``.
 
+    Args:
+        endpoint: The server's base URL (``http://HOST:PORT``).
+        out: The step profile JSON to write.
+        model: The served model's name (default: the first ``/v1/models`` lists).
+        budget_s: The most seconds probing may take (the plan is sized to fit).
+        reps: Samples per probe point (fewer where the budget needs it; at least 3).
+        max_num_seqs: The server's limit where the user knows it (caps the decode grid).
+        max_num_batched_tokens: Likewise (caps the prefill grid).
+        seed: Seeds the prompts' random token ids.
+        say: Prints the plan and progress.
+
     Raises:
         EndpointError: unreachable, refusing, a failed probe, or a budget too small.
     """
