@@ -241,11 +241,12 @@ def scenarios() -> None:
 
 @app.command()
 def calibrate(
-    model: Annotated[str, typer.Option(
-        help="minilm | mlp | cnn | module.path:factory (imported from the current "
+    model: Annotated[str | None, typer.Option(
+        help="minilm (default) | mlp | cnn | module.path:factory (imported from the current "
              "directory) | hf:DIR_OR_CONFIG (a Hugging Face encoder or decoder), or llm (a "
              "decoder's step profile; --config config.json, or --param shape=small|1b|8b and "
-             "its sizes)")] = "minilm",
+             "its sizes); with --endpoint: the served model's name (default: the first the "
+             "server lists)")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (fp16 needs CUDA)")] = "fp32",
     threads: Annotated[int | None, typer.Option(
@@ -272,12 +273,15 @@ def calibrate(
         "the device, first forward): autoscaled scenarios draw new replicas' start-up from "
         "them.")] = 0,
     endpoint: Annotated[str | None, typer.Option(
-        help="Calibrate a running server instead (with --api kserve-v2|http-json): bursts of "
-        "exactly N simultaneous requests over --batch-sizes.")] = None,
-    api: Annotated[str, typer.Option(help="--endpoint's protocol: kserve-v2 | http-json")]
-    = "kserve-v2",
+        help="Calibrate a running server instead: an LLM server behind an OpenAI-compatible "
+        "endpoint (its step model and per-request overheads), or with --api kserve-v2|"
+        "http-json a request-level server (bursts of exactly N simultaneous requests over "
+        "--batch-sizes).")] = None,
+    api: Annotated[str | None, typer.Option(
+        help="--endpoint's protocol: openai-completions (default: an LLM server) | kserve-v2 "
+        "| http-json (request-level servers)")] = None,
     endpoint_model: Annotated[str | None, typer.Option(
-        help="--endpoint: the KServe v2 model name.")] = None,
+        help="--endpoint with --api kserve-v2: the KServe v2 model name.")] = None,
     window_ms: Annotated[float | None, typer.Option(
         help="--endpoint: the server's batching window (Ray Serve batch_wait_timeout_s), "
         "subtracted from bursts below --server-max-batch-size.")] = None,
@@ -286,13 +290,19 @@ def calibrate(
     scenario: Annotated[str | None, typer.Option(
         help="--endpoint: take the request payload from this scenario's payload: section.")]
     = None,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        help="With an LLM --endpoint: the server's max_num_seqs (vLLM does not expose it).")
+    ] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="With an LLM --endpoint: the server's max_num_batched_tokens.")] = None,
     config: Annotated[Path | None, typer.Option(
         help="With --model llm: a Hugging Face config.json (Llama, Qwen2, Mistral...) or a "
              "directory holding one; the decoder takes its layers, hidden size, heads, KV "
              "heads, MLP width and vocabulary (random weights).")] = None,
-    budget_s: Annotated[float, typer.Option(
+    budget_s: Annotated[float | None, typer.Option(
         min=1, help="With --model llm: refuse a calibration estimated to take longer than "
-        "this (seconds) unless --yes.")] = 600.0,
+        "this (seconds; default 600) unless --yes. With an LLM --endpoint: the most seconds "
+        "probing may take (default 180).")] = None,
     yes: Annotated[bool, typer.Option(
         "--yes", "-y", help="Run even when the pre-flight estimate exceeds the budget (4 GiB, "
         "10 minutes), or (--model llm) the time estimate exceeds --budget-s.")] = False,
@@ -306,12 +316,22 @@ def calibrate(
     """
     from servelab.calibrate import parse_params, run_calibration
 
-    if endpoint is not None:  # a request-level server (servelab.request_endpoint_cli)
-        from servelab.request_endpoint_cli import calibrate_endpoint_cmd
+    if endpoint is not None and api in ("kserve-v2", "http-json"):
+        from servelab.request_endpoint_cli import calibrate_endpoint_cmd as calibrate_requests
 
-        calibrate_endpoint_cmd(endpoint, api, endpoint_model, batch_sizes, reps, seed, out,
-                               window_ms, server_max_batch_size, scenario)
+        calibrate_requests(endpoint, api, endpoint_model, batch_sizes, reps, seed, out,
+                           window_ms, server_max_batch_size, scenario)
         return
+    if endpoint is not None:
+        if api not in (None, "openai-completions"):
+            fail(f"--api {api!r}: allowed: openai-completions (an LLM server), kserve-v2, "
+                 "http-json (request-level servers)")
+        from servelab.endpoint_cli import calibrate_endpoint_cmd
+
+        calibrate_endpoint_cmd(endpoint, model, out, 180.0 if budget_s is None else budget_s,
+                               reps, max_num_seqs, max_num_batched_tokens, seed)
+        return
+    model = model or "minilm"
     if config is not None and model != "llm":
         fail("--config: only with --model llm (a Hugging Face encoder or decoder for "
              "request-level serving: --model hf:DIR_OR_CONFIG)")
@@ -321,8 +341,8 @@ def calibrate(
         try:
             run_step_calibration(device=device, dtype=dtype, threads=threads, reps=reps,
                                  warmup=warmup, seed=seed, params=parse_params(param or []),
-                                 out=out, console=console, config=config, budget_s=budget_s,
-                                 yes=yes)
+                                 out=out, console=console, config=config,
+                                 budget_s=600.0 if budget_s is None else budget_s, yes=yes)
         except USER_ERRORS as exc:
             fail(str(exc))
         return
@@ -480,6 +500,12 @@ def compare_cmd(
     ] = 600.0,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
+    endpoint: Annotated[str | None, typer.Option(
+        help="Measure this OpenAI-compatible server with bench instead of running live.")]
+    = None,
+    profile: Annotated[Path | None, typer.Option(
+        help="With --endpoint: the step profile calibrate --endpoint wrote (its overheads "
+        "and server knobs are applied).")] = None,
 ) -> None:
     """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
     from executor.compare import compare, sweep
@@ -492,6 +518,17 @@ def compare_cmd(
         except ValueError:
             fail(f"--sweep {sweep_!r}: give comma-separated numbers, e.g. 0.3,0.6,0.8,0.9")
             return
+    if endpoint is not None:
+        from servelab.endpoint_cli import compare_endpoint_cmd
+
+        if not _is_llm(scenario):
+            fail("--endpoint: compare against a server takes LLM scenarios so far; for a "
+                 "request-level server run servelab bench and servelab simulate on the "
+                 "calibrated profile (see README, Measure a real server)")
+
+        compare_endpoint_cmd(scenario, endpoint, profile, out, repeats, set_, probe,
+                             drain_timeout_s, rhos, _compare_table)
+        return
     if _is_llm(scenario):
         _compare_llm(scenario, out, repeats, set_, probe, drain_timeout_s, max_wall_s, force,
                      rhos)

@@ -146,6 +146,58 @@ def _report(result: Any, out: Path | None, quiet: bool) -> None:
         console.print(f"run directory: {out}")
 
 
+def calibrate_endpoint_cmd(endpoint: str, model: str | None, out: Path, budget_s: float,
+                           reps: int, max_num_seqs: int | None,
+                           max_num_batched_tokens: int | None, seed: int) -> None:
+    """``servelab calibrate --endpoint``: probe the server, print the plan and each step,
+    write the step profile and its scenario fragment.
+    """
+    from executor.endpoint.calibrate import calibrate_endpoint
+
+    cli = _cli()
+    fail, USER_ERRORS, console = cli.fail, cli.USER_ERRORS, cli.console  # noqa: N806
+    try:
+        meta = calibrate_endpoint(endpoint, out, model=model, budget_s=budget_s, reps=reps,
+                                  max_num_seqs=max_num_seqs,
+                                  max_num_batched_tokens=max_num_batched_tokens, seed=seed,
+                                  say=lambda m: console.print(m, highlight=False,
+                                                              soft_wrap=True))
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    over = meta["overheads"]
+    console.print(f"overheads: {over['request_ms']:.2f} ms per request, "
+                  f"{over['per_output_token_ms']:.3f} ms per output token; probing took "
+                  f"{meta['wall_s']:.0f} s (budget {meta['budget_s']:g} s)")
+
+
+def compare_endpoint_cmd(scenario: str, endpoint: str, profile: Path | None, out: Path,
+                         repeats: int, set_: list[str] | None, probe: str,
+                         drain_timeout_s: float | None, rhos: list[float],
+                         table: Any) -> None:
+    """``servelab compare SCENARIO --endpoint URL``: predict, bench, compare."""
+    from executor.endpoint.compare_endpoint import compare_endpoint
+
+    cli = _cli()
+    fail, USER_ERRORS, console = cli.fail, cli.USER_ERRORS, cli.console  # noqa: N806
+    if rhos:
+        fail("--sweep with --endpoint: not supported yet; run compare once per load "
+             "(--set workload.rate_rps=...)")
+    try:
+        data = compare_endpoint(scenario, endpoint, out, profile=profile, repeats=repeats,
+                                overrides=set_ or None, probe_mode=probe,
+                                drain_timeout_s=drain_timeout_s,
+                                progress=lambda m: console.print(f"[dim]{m}[/]"))
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    console.print(table(data))
+    for p in data["probes"]:
+        console.print(f"probe: prefill ×{p['prefill_scale']:.3f}, decode "
+                      f"×{p['decode_scale']:.3f} against the profile (drift {p['drift']:.1%})")
+    console.print(f"comparison: {out / 'compare.json'}")
+
+
 def server_install(name: Annotated[str, typer.Argument(help="vllm | ray")] = "vllm") -> None:
     """Create the server's own virtual environment and write the tiny model (once)."""
     from executor.endpoint.servers import ensure_vllm

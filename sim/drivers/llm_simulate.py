@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.step_profile import load_step_profile
+from sim.drivers.llm_overheads import apply_overheads, overheads_s
 from sim.metrics.llm import summarize_llm
 from sim.metrics.prefix import cached_tokens, check_pools, pools, prefix_cache_summary
 from sim.metrics.rundir import run_meta, write_json, write_table
@@ -273,6 +274,10 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
     core = build_llm_core(scn)
     model = build_step_model(scn)
     horizon = horizon_s(scn, core.arrival_s)
+    arrival_s = core.arrival_s
+    request_s, per_token_s = overheads_s(scn)
+    if request_s:  # the core sees a request when it is past the API and tokenisation
+        core.arrival_s = core.arrival_s + request_s
     until = math.inf if drain_timeout_s is None else horizon + drain_timeout_s
     end_s = simulate(core, model, until, llm_cold_start(scn))
     counts = core.close()
@@ -282,8 +287,12 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
     caching = bool(pools(core))
     if caching:
         requests["cached_tokens"] = cached_tokens(core)
+    token_s = core.token_s
+    if request_s or per_token_s:
+        requests, tokens, token_s = apply_overheads(requests, tokens, core.token_s,
+                                                    core.token_offset, arrival_s, per_token_s)
     num_blocks = core.limits.num_blocks
-    summary = summarize_llm(requests, core.token_s, core.token_offset, steps, queue,
+    summary = summarize_llm(requests, token_s, core.token_offset, steps, queue,
                             warmup_s=scn.warmup_s, horizon_s=horizon, end_s=end_s,
                             num_blocks=num_blocks, ttft_slo_ms=scn.slo.ttft_ms,
                             tpot_slo_ms=scn.slo.tpot_ms, driver="sim",

@@ -174,6 +174,18 @@ LlmWorkloadCfg = Annotated[
 
 
 # -- service -----------------------------------------------------------------------------------
+class LlmOverheadsCfg(_Strict):
+    """Per-request costs outside the engine's steps (BLIS's α terms), measured from outside
+    by ``servelab calibrate --endpoint``: a request joins the scheduler ``request_ms`` after
+    it arrives (API, tokenisation), and each output token after the first reaches the client
+    ``per_output_token_ms`` later than the one before on top of the steps (detokenisation,
+    streaming).
+    """
+
+    request_ms: float = Field(0.0, ge=0)
+    per_output_token_ms: float = Field(0.0, ge=0)
+
+
 class LlmLinearServiceCfg(_Strict):
     """Step time = base + per prefill token + per decode sequence + per KV token attended."""
 
@@ -182,6 +194,7 @@ class LlmLinearServiceCfg(_Strict):
     per_prefill_token_ms: float = Field(0.0, ge=0)
     per_decode_seq_ms: float = Field(0.0, ge=0)
     per_kv_token_ms: float = Field(0.0, ge=0)
+    overheads: LlmOverheadsCfg | None = None
 
 
 class LlmProfileServiceCfg(_Strict):
@@ -191,6 +204,7 @@ class LlmProfileServiceCfg(_Strict):
 
     kind: Literal["llm_profile"]
     path: str
+    overheads: LlmOverheadsCfg | None = None
 
 
 LlmServiceCfg = Annotated[LlmLinearServiceCfg | LlmProfileServiceCfg | LlmRooflineServiceCfg,

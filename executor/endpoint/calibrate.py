@@ -1,0 +1,276 @@
+"""``calibrate_endpoint``: identify the step model of whatever serves an OpenAI-compatible
+endpoint from outside, within a stated time budget, and write it as a step profile
+(:class:`calibration.step_profile.StepProfile`) with the per-request costs outside the steps
+and a scenario fragment holding the server's knobs.
+
+What is fitted (times as the client sees them):
+
+* decode steps: the time per extra output token of ``D`` concurrent streams at context ``L``
+  (prompt + half the output) fits ``a + c·D + d·D·L``
+  (:func:`executor.endpoint.probes.decode_itl_s`);
+* prefill steps: one-token requests' TTFT fits ``i + b·P``; the intercept less the decode
+  steps' base ``a`` is the per-request overhead ``request_ms`` (API, tokenisation, the first
+  token's return: BLIS's α); each prefill sample less it is a prefill-only step;
+* ``per_output_token_ms``: the client's mean ITL over the server's own (vLLM's
+  ``inter_token_latency_seconds`` on ``/metrics``) at one running sequence; 0 where the server
+  exposes none (then such costs stay inside the decode step times);
+* steps mixing a prefill with decodes: composed as prefill step + decode step − ``a``, and
+  checked against the mixed probe (:func:`executor.endpoint.probes.mixed_step_s`; kept in
+  ``meta.mixed_check``, not in the grid: a server streaming in bursts blurs it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from calibration.step_profile import StepProfile
+from executor.endpoint import probes, server_info
+from executor.endpoint.bench import preflight
+from executor.endpoint.client import APIS
+from executor.endpoint.server_info import EndpointError
+
+PREFILL_TOKENS = (16, 64, 256, 1024)
+DECODE_SEQS = (1, 2, 4, 8, 16)
+DECODE_PROMPTS = (32, 512)
+OUTPUT_TOKENS = 64
+MIN_REPS = 3
+SERVER_ITL = ("inter_token_latency_seconds", "time_per_output_token_seconds")
+
+
+def _server_itl(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
+    """The server's mean ITL between two ``/metrics`` pages (None: not exposed)."""
+    if not before or not after:
+        return None
+    for name in SERVER_ITL:
+        s0, s1 = before["values"].get(f"{name}_sum"), after["values"].get(f"{name}_sum")
+        c0, c1 = before["values"].get(f"{name}_count"), after["values"].get(f"{name}_count")
+        if None not in (s0, s1, c0, c1) and c1 > c0:
+            return float((s1 - s0) / (c1 - c0))
+    return None
+
+
+def plan_grid(max_model_len: int, max_num_seqs: int | None,
+              max_num_batched_tokens: int | None) -> dict[str, list[int]]:
+    """The probe grid within the server's limits."""
+    cap = max_model_len - 2
+    if max_num_batched_tokens:
+        cap = min(cap, max_num_batched_tokens)
+    prefill = [p for p in PREFILL_TOKENS if p <= cap]
+    seqs = [d for d in DECODE_SEQS if d <= (max_num_seqs or DECODE_SEQS[-1])]
+    prompts = [p for p in DECODE_PROMPTS if p + OUTPUT_TOKENS <= max_model_len]
+    if len(prefill) < 2 or len(seqs) < 2 or not prompts:
+        raise EndpointError(f"the server's limits (max_model_len {max_model_len}, "
+                            f"--max-num-seqs {max_num_seqs}, --max-num-batched-tokens "
+                            f"{max_num_batched_tokens}) leave too few probe points: need "
+                            "prompts of 64 tokens and 2 sequences at least")
+    return {"prefill_tokens": prefill, "decode_seqs": seqs, "decode_prompts": prompts}
+
+
+def _runs(seqs: int, reps: int) -> int:
+    """Decode runs at ``seqs`` sequences: enough for ``reps`` per-stream samples."""
+    return max(1, math.ceil(reps / seqs))
+
+
+def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float) -> float:
+    """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
+    ITL (decode steps assumed to grow at most linearly with sequences up to 4×).
+    """
+    prefill = reps * len(grid["prefill_tokens"]) * ttft_s
+    decode = sum(_runs(d, reps) * (1.25 * OUTPUT_TOKENS * itl_s * min(1 + d / 4, 4) + 2 * ttft_s)
+                 for d in grid["decode_seqs"] for _ in grid["decode_prompts"])
+    return prefill + decode + OUTPUT_TOKENS * 2 * itl_s * 2
+
+
+def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = None,
+                       budget_s: float = 180.0, reps: int = 5,
+                       max_num_seqs: int | None = None,
+                       max_num_batched_tokens: int | None = None, seed: int = 0,
+                       say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Probe ``endpoint`` and write ``out`` (the step profile) and ``out``'s
+    ``.scenario.yaml`` fragment; return the profile's ``meta``.
+
+    Args:
+        endpoint: The server's base URL (``http://HOST:PORT``).
+        out: The step profile JSON to write.
+        model: The served model's name (default: the first ``/v1/models`` lists).
+        budget_s: The most seconds probing may take (the plan is sized to fit).
+        reps: Samples per probe point (fewer where the budget needs it; at least 3).
+        max_num_seqs: The server's limit where the user knows it (caps the decode grid).
+        max_num_batched_tokens: Likewise (caps the prefill grid).
+        seed: Seeds the prompts' random token ids.
+        say: Prints the plan and progress.
+
+    Raises:
+        EndpointError: unreachable, refusing, a failed probe, or a budget too small.
+    """
+    if not (math.isfinite(budget_s) and budget_s > 0):
+        raise EndpointError(f"--budget-s {budget_s:g}: must be > 0")
+    if reps < MIN_REPS:
+        raise EndpointError(f"--reps {reps}: must be >= {MIN_REPS}")
+    t_start = time.perf_counter()
+    base = server_info.base_url(endpoint)
+    listed = server_info.models(base)
+    entries = [m for m in (listed or {}).get("data", []) if isinstance(m, dict)]
+    if model is None:
+        if not entries:
+            raise EndpointError(f"{base}/v1/models lists no model: pass --model NAME")
+        model = str(entries[0].get("id"))
+    max_len = next((int(m["max_model_len"]) for m in entries
+                    if m.get("id") == model and isinstance(m.get("max_model_len"), int)), 2048)
+    url = base + APIS["openai-completions"]
+    preflight(url, "openai-completions", model)
+    knobs = server_info.scheduling_config(server_info.metrics(base))
+    grid = plan_grid(max_len, max_num_seqs, max_num_batched_tokens)
+    target = probes.Target(url, model, np.random.default_rng([seed, 2929]))
+    # a first look at the server's speed sizes the plan to the budget
+    probes.prefill_ttft_s(target, grid["prefill_tokens"][0], 1)  # warm-up, untimed
+    ttft_long = max(probes.prefill_ttft_s(target, grid["prefill_tokens"][-1], 2))
+    itl_one = float(np.median(probes.decode_itl_s(target, 1, 16, 32) or [ttft_long]))
+    left = budget_s - (time.perf_counter() - t_start)
+    while reps > MIN_REPS and estimate_s(grid, reps, ttft_long, itl_one) > left:
+        reps -= 1
+    while estimate_s(grid, reps, ttft_long, itl_one) > left and len(grid["decode_seqs"]) > 2:
+        grid["decode_seqs"].pop()
+    need = estimate_s(grid, reps, ttft_long, itl_one)
+    if need > left:
+        raise EndpointError(f"--budget-s {budget_s:g}: too small for this server; the "
+                            f"smallest plan takes about {need + budget_s - left:.0f} s")
+    say(f"plan (about {need:.0f} s of {left:.0f} s left): prefill {grid['prefill_tokens']} "
+        f"tokens × {reps}; decode {grid['decode_seqs']} sequences at prompts "
+        f"{grid['decode_prompts']} × {OUTPUT_TOKENS} output tokens; one mixed step probe")
+    ttft = {}
+    for p in grid["prefill_tokens"]:
+        ttft[p] = probes.prefill_ttft_s(target, p, reps)
+        say(f"prefill {p:5d} tokens: TTFT median {np.median(ttft[p]) * 1e3:.2f} ms")
+    contexts = [p + OUTPUT_TOKENS // 2 for p in grid["decode_prompts"]]
+    itl: dict[tuple[int, int], list[float]] = {}
+    delta_s = 0.0
+    for prompt, ctx in zip(grid["decode_prompts"], contexts, strict=True):
+        for d in grid["decode_seqs"]:
+            before = server_info.metrics(base) if d == 1 else None
+            itl[(d, ctx)] = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS,
+                                                  _runs(d, reps))
+            if not itl[(d, ctx)]:
+                raise EndpointError(f"decode probe of {d} sequences: longer outputs did not "
+                                    "take longer (a server too noisy to probe, or one that "
+                                    "does not stream per token?)")
+            if d == 1 and prompt == grid["decode_prompts"][0]:
+                server = _server_itl(before, server_info.metrics(base))
+                if server is not None:
+                    delta_s = max(0.0, float(np.mean(itl[(d, ctx)])) - server)
+            say(f"decode {d:3d} seqs at context {ctx}: ITL median "
+                f"{np.median(itl[(d, ctx)]) * 1e3:.2f} ms")
+    profile, meta = _fit(grid, contexts, ttft, itl, delta_s)
+    mix_d = grid["decode_seqs"][min(2, len(grid["decode_seqs"]) - 1)]
+    mix_p = grid["prefill_tokens"][min(2, len(grid["prefill_tokens"]) - 1)]
+    mixed = probes.mixed_step_s(target, mix_d, grid["decode_prompts"][0], OUTPUT_TOKENS * 2,
+                                mix_p, reps, itl_one)
+    composed = profile.step_s(mix_p, mix_d, mix_d * contexts[0])
+    if mixed:
+        say(f"mixed step ({mix_p} prefill + {mix_d} decodes): {np.median(mixed) * 1e3:.2f} ms "
+            f"measured, {composed * 1e3:.2f} ms composed")
+    meta["mixed_check"] = {"prefill_tokens": mix_p, "decode_seqs": mix_d,
+                           "context": contexts[0], "samples_s": mixed,
+                           "composed_s": composed,
+                           "rel_error": float(composed / np.median(mixed) - 1) if mixed
+                           else None}
+    meta.update({"method": "endpoint", "endpoint": base, "model": model,
+                 "server_models": listed, "server": knobs, "reps": reps,
+                 "budget_s": budget_s, "wall_s": time.perf_counter() - t_start,
+                 "max_model_len": max_len})
+    final = StepProfile(profile.prefill_tokens, profile.decode_seqs, profile.context_tokens,
+                        profile.samples_s, meta=meta)
+    path = final.save(out)
+    fragment = write_fragment(path, meta, knobs, max_num_seqs, max_num_batched_tokens)
+    say(f"step profile: {path}\nscenario fragment: {fragment}")
+    return meta
+
+
+def _fit(grid: dict[str, list[int]], contexts: list[int], ttft: dict[int, list[float]],
+         itl: dict[tuple[int, int], list[float]], delta_s: float
+         ) -> tuple[StepProfile, dict[str, Any]]:
+    """The profile's samples and the overheads from the probes' times."""
+    rows = [[1.0, d, d * ctx] for (d, ctx) in itl]
+    ys = [float(np.median(v)) - delta_s for v in itl.values()]
+    (a_s, c_s, d_s), *_ = np.linalg.lstsq(np.asarray(rows), np.asarray(ys), rcond=None)
+    ps = np.asarray(list(ttft), float)
+    (b_s, i_s), *_ = np.linalg.lstsq(np.column_stack([ps, np.ones_like(ps)]),
+                                     np.asarray([np.median(v) for v in ttft.values()]),
+                                     rcond=None)
+    request_s = max(0.0, float(i_s - a_s))
+    base_s = max(float(a_s), 0.0)
+    samples: dict[str, list[float]] = {}
+    ctx0 = contexts[0]
+    for p, values in ttft.items():
+        samples[StepProfile.key(p, 0, ctx0)] = [max(v - request_s, 1e-6) for v in values]
+    for (d, ctx), values in itl.items():
+        samples[StepProfile.key(0, d, ctx)] = [max(v - delta_s, 1e-6) for v in values]
+    composed = []
+    for p in grid["prefill_tokens"]:
+        pre = float(np.median(samples[StepProfile.key(p, 0, ctx0)]))
+        for (d, ctx), values in itl.items():
+            value = pre + float(np.median(values)) - delta_s - base_s
+            samples[StepProfile.key(p, d, ctx)] = [max(value, pre)]
+            composed.append([p, d, ctx])
+    profile = StepProfile([0, *grid["prefill_tokens"]], [0, *grid["decode_seqs"]],
+                          contexts, samples)
+    meta = {"overheads": {"request_ms": request_s * 1e3,
+                          "per_output_token_ms": delta_s * 1e3},
+            "endpoint_fit": {"decode_base_ms": a_s * 1e3, "ms_per_decode_seq": c_s * 1e3,
+                             "ms_per_kv_token": d_s * 1e3, "ttft_intercept_ms": i_s * 1e3,
+                             "ms_per_prefill_token": b_s * 1e3},
+            "composed_cells": composed,
+            "note": "cells with both prefill and decodes are composed (prefill step + decode "
+                    "step - decode base); meta.mixed_check compares one with a measurement"}
+    return profile, meta
+
+
+def write_fragment(profile_path: Path, meta: dict[str, Any], knobs: dict[str, Any],
+                   max_num_seqs: int | None, max_num_batched_tokens: int | None) -> Path:
+    """The scenario fragment (``PROFILE.scenario.yaml``): service with the overheads, and the
+    server's scheduling knobs as the ``vllm`` policy.
+    """
+    policy: dict[str, Any] = {"kind": "vllm"}
+    if "block_size" in knobs:
+        policy["block_size"] = knobs["block_size"]
+    if "num_blocks" in knobs:
+        policy["num_gpu_blocks"] = knobs["num_blocks"]
+    if max_num_seqs:
+        policy["max_num_seqs"] = max_num_seqs
+    if max_num_batched_tokens:
+        policy["max_num_batched_tokens"] = max_num_batched_tokens
+    fragment = {"service": {"kind": "llm_profile", "path": str(profile_path.resolve()),
+                            "overheads": meta["overheads"]},
+                "policy": policy}
+    path = profile_path.with_suffix(".scenario.yaml")
+    caching = knobs.get("enable_prefix_caching")
+    head = (f"# from servelab calibrate --endpoint {meta['endpoint']} (model {meta['model']})"
+            f"\n# server prefix caching: {caching} (probe prompts share no prefix)\n")
+    path.write_text(head + yaml.safe_dump(fragment, sort_keys=False))
+    return path
+
+
+def endpoint_overrides(profile_path: str | Path) -> dict[str, Any]:
+    """Dotted-key overrides that make a scenario use a calibrated endpoint profile: its
+    service with overheads and the server's knobs (from the fragment beside it, where the
+    user's scenario leaves the policy's kind as vllm).
+
+    Raises:
+        EndpointError: the profile has no fragment beside it.
+    """
+    path = Path(profile_path).with_suffix(".scenario.yaml")
+    if not path.is_file():
+        raise EndpointError(f"--profile {profile_path}: no {path.name} beside it; write it "
+                            "with servelab calibrate --endpoint URL --out PROFILE.json")
+    data = yaml.safe_load(path.read_text()) or {}
+    out: dict[str, Any] = {"service": data["service"]}
+    for key, value in (data.get("policy") or {}).items():
+        out[f"policy.{key}"] = value
+    return out

@@ -1,0 +1,143 @@
+"""``compare_endpoint``: predict an LLM scenario with a step profile calibrated from an
+endpoint (``servelab calibrate --endpoint``), measure it with ``bench`` ``repeats`` times,
+and write the ``compare.json`` the live LLM compare writes (same rows:
+:func:`executor.compare.compare_rows` over :data:`executor.compare_llm.LLM_METRICS`).
+
+Around each run a short probe (a few one-token prefills, one sequence's decode stream)
+re-measures the server against the profile: its prefill and decode speed scales, geometric
+means of before and after, rescale the profile
+(:meth:`calibration.step_profile.StepProfile.rescaled`) for
+that run's prediction, and their change between before and after is the run's drift. The
+stored profile's prediction and error are kept beside.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import sim.llm
+from calibration.step_profile import StepProfile, load_step_profile
+from executor.compare import compare_rows
+from executor.compare_llm import LLM_METRICS
+from executor.endpoint import probes, server_info
+from executor.endpoint.bench import bench, preflight
+from executor.endpoint.calibrate import endpoint_overrides
+from executor.endpoint.client import APIS
+from sim.drivers.llm_overheads import overheads_s
+from sim.errors import UserError
+from sim.metrics.rundir import write_json
+from sim.metrics.window import default_drain_s
+from sim.scenario.llm import LlmProfileServiceCfg, LlmScenario, load_llm_scenario
+
+PROBE_PREFILL_TOKENS = 64
+PROBE_DECODE = (1, 32, 32)  # sequences, prompt tokens, output tokens
+
+
+def probe_endpoint(target: probes.Target, profile: StepProfile, request_s: float,
+                   per_token_s: float, reps: int = 3) -> dict[str, Any]:
+    """Measured over predicted: prefill (TTFT over the request overhead plus the profile's
+    prefill step: the overhead can dwarf a short prefill, so the whole is compared) and
+    decode (ITL over the profile's decode step plus the per-token overhead).
+    """
+    ttft = float(np.median(probes.prefill_ttft_s(target, PROBE_PREFILL_TOKENS, reps)))
+    seqs, prompt, output = PROBE_DECODE
+    gaps = probes.decode_itl_s(target, seqs, prompt, output, runs=3)
+    if not gaps:
+        raise UserError("probe: the server streamed no separate tokens to time (all in one "
+                        "chunk?); use --probe off")
+    itl = float(np.median(gaps))
+    ctx = prompt + output // 2
+    pre = profile.step_s(PROBE_PREFILL_TOKENS, 0, 0)
+    dec = profile.step_s(0, seqs, seqs * ctx)
+    return {"ttft_ms": ttft * 1e3, "itl_ms": itl * 1e3,
+            "prefill_scale": ttft / (request_s + pre),
+            "decode_scale": itl / (dec + per_token_s)}
+
+
+def _scenario(scenario: LlmScenario | dict[str, Any] | str | Path,
+              overrides: list[str] | dict[str, Any] | None, profile: str | Path | None
+              ) -> LlmScenario:
+    scn = load_llm_scenario(scenario, overrides)
+    if profile is not None:
+        scn = load_llm_scenario(scn, endpoint_overrides(profile))
+    if not isinstance(scn.service, LlmProfileServiceCfg):
+        raise UserError("service.kind: compare --endpoint predicts with a calibrated step "
+                        "profile; pass --profile PROFILE.json (servelab calibrate --endpoint)")
+    return scn
+
+
+def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoint: str,
+                     out_dir: str | Path, *, profile: str | Path | None = None,
+                     repeats: int = 3, overrides: list[str] | dict[str, Any] | None = None,
+                     model: str | None = None, probe_mode: str = "full",
+                     drain_timeout_s: float | None = None,
+                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Simulate, bench ``repeats`` times (probing around each), compare; write
+    ``compare.json``, ``sim/``, ``sim-i/`` and ``bench-i/`` run directories.
+
+    Raises:
+        UserError: bad arguments, no profile, or an unusable endpoint (one line).
+    """
+    if repeats < 1:
+        raise UserError(f"--repeats {repeats}: must be >= 1")
+    if probe_mode not in ("full", "off"):
+        raise UserError(f"--probe {probe_mode!r}: allowed with --endpoint: full, off")
+    scn = _scenario(scenario, overrides, profile)
+    base = server_info.base_url(endpoint)
+    listed = server_info.models(base)
+    names = [str(m.get("id")) for m in (listed or {}).get("data", []) if isinstance(m, dict)]
+    assert isinstance(scn.service, LlmProfileServiceCfg)
+    stored_profile = load_step_profile(scn.service.path)
+    model = model or stored_profile.meta.get("model") or (names[0] if names else None)
+    if model is None:
+        raise UserError(f"{base}/v1/models lists no model: pass --model NAME")
+    url = base + APIS["openai-completions"]
+    preflight(url, "openai-completions", model)
+    out = Path(out_dir)
+    request_s, per_token_s = overheads_s(scn)
+    drain_s = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
+    stored = sim.llm.run(scn, drain_timeout_s=drain_s)
+    stored.write(out / "sim")
+    target = probes.Target(url, model, np.random.default_rng([scn.seed, 2930]))
+    lives, sims, probe_rows = [], [], []
+    for i in range(1, repeats + 1):
+        before = probe_endpoint(target, stored_profile, request_s, per_token_s) \
+            if probe_mode == "full" else None
+        if progress:
+            progress(f"bench run {i}/{repeats}")
+        result = bench(scn, base, model=model, drain_timeout_s=drain_s)
+        run_dir = result.write(out / f"bench-{i}")
+        lives.append(result.summary)
+        if before is None:
+            continue
+        after = probe_endpoint(target, stored_profile, request_s, per_token_s)
+        scales = {k: math.sqrt(before[k] * after[k]) for k in ("prefill_scale", "decode_scale")}
+        probe = {"before": before, "after": after, **scales,
+                 "drift": max(abs(after[k] / before[k] - 1) for k in scales)}
+        write_json(run_dir / "probe.json", probe)
+        path = stored_profile.rescaled(scales["prefill_scale"],
+                                       scales["decode_scale"]).save(run_dir / "probed-profile.json")
+        predicted = sim.llm.run(scn, {"service.path": str(path)}, drain_timeout_s=drain_s)
+        predicted.write(out / f"sim-{i}")
+        sims.append(predicted.summary)
+        probe_rows.append(probe)
+    rows = compare_rows(sims if sims else stored.summary, lives,
+                        stored_summary=stored.summary if sims else None, metrics=LLM_METRICS)
+    data = {"scenario": scn.name, "kind": "llm", "driver": "bench", "endpoint": base,
+            "model": model, "repeats": repeats, "probe_mode": probe_mode,
+            "profile": scn.service.path,
+            "overheads_ms": {"request_ms": request_s * 1e3,
+                             "per_output_token_ms": per_token_s * 1e3},
+            "offered_rps": stored.summary["stability"]["offered_rps"],
+            "probed": bool(sims),
+            "probes": [{k: p[k] for k in ("prefill_scale", "decode_scale", "drift")}
+                       for p in probe_rows],
+            "client_cpu_share": [s["client"]["cpu_share"] for s in lives],
+            "rows": rows}
+    write_json(out / "compare.json", data)
+    return data

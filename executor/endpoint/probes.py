@@ -1,0 +1,129 @@
+"""Black-box probes of a server's step times, sent with the open-loop client
+(:mod:`executor.endpoint.client`): what a client can see of the engine's steps.
+
+* :func:`prefill_ttft_s`: one request at a time with one output token; its TTFT is the
+  per-request overhead plus one prefill-only step of that prompt.
+* :func:`decode_itl_s`: ``D`` requests at once, with long outputs and with a quarter of
+  that; the E2E difference per extra token is one decode step of ``D`` sequences.
+* :func:`mixed_step_s`: one-token requests of ``P`` prompt tokens sent among ``D`` running
+  decodes; the decode streams' gap that ends with the newcomer's first token is the step
+  that held its prefill and the ``D`` decodes (where the server streams each step as it
+  ends; bursts blur it, so it serves as a check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from executor.endpoint.bench import _run
+from executor.endpoint.client import Job, OpenLoop, Outcome
+from executor.endpoint.server_info import EndpointError
+
+
+@dataclass
+class Target:
+    """Where probes go: the completions URL, the model name, a seeded id stream."""
+
+    url: str
+    model: str
+    rng: np.random.Generator
+    token_ids: tuple[int, int] = (10, 250)
+    timeout_s: float = 60.0
+
+    def prompt(self, n: int) -> list[int]:
+        """``n`` fresh random token ids (no prefix shared with earlier probes)."""
+        lo, hi = self.token_ids
+        return [int(v) for v in self.rng.integers(lo, hi, size=n)]
+
+
+def send(target: Target, jobs: list[Job], one_at_a_time: bool = False) -> list[Outcome]:
+    """Send ``jobs`` at their times (``one_at_a_time``: each when the one before has
+    finished, on the same kept-alive connection); every one must come back complete.
+
+    Raises:
+        EndpointError: a probe request failed (its cause and message).
+    """
+    last = max(j.scheduled_s for j in jobs)
+    deadline = last + target.timeout_s * (len(jobs) if one_at_a_time else 1)
+    client = OpenLoop(target.url, "openai-completions", target.model, jobs,
+                      deadline_s=deadline, request_timeout_s=target.timeout_s,
+                      max_concurrency=1 if one_at_a_time else None)
+    outs = _run(client, handle_signals=False)
+    for out in outs:
+        if out.status != "ok":
+            raise EndpointError(f"probe request failed ({out.cause or 'unfinished'}): "
+                                f"{out.error or 'no complete answer in time'}")
+    if len(outs) < len(jobs):
+        raise EndpointError("probe requests were not all sent in time")
+    return outs
+
+
+def prefill_ttft_s(target: Target, prompt_tokens: int, reps: int) -> list[float]:
+    """TTFT of ``reps`` one-token requests of ``prompt_tokens``, one after another on one
+    connection (a first, untimed one opens it: bench's requests find theirs open).
+    """
+    jobs = [Job(k, 0.0, target.prompt(prompt_tokens), prompt_tokens, 1)
+            for k in range(reps + 1)]
+    outs = sorted(send(target, jobs, one_at_a_time=True), key=lambda o: o.sent_s)
+    return [o.chunk_s[0] - o.sent_s for o in outs[1:]]
+
+
+def _e2e_s(outs: list[Outcome]) -> list[float]:
+    return [o.chunk_s[-1] - o.sent_s for o in outs]
+
+
+def decode_itl_s(target: Target, seqs: int, prompt_tokens: int, output_tokens: int,
+                 runs: int = 1) -> list[float]:
+    """Seconds per decode step of ``seqs`` concurrent requests, by difference: each stream's
+    E2E at ``output_tokens`` less the median E2E of the same batch at a quarter of that
+    length, over the tokens between. Start-up (prefills, connection) cancels, and so do the
+    bursts a busy API server streams in after a stall (single gaps, or the span between a
+    stream's chunks, mislead then: a whole stream can arrive in one read). One sample per
+    stream and run (up to two more runs where noise left no positive one).
+    """
+    short = max(2, output_tokens // 4)
+    samples: list[float] = []
+    for k in range(runs + 2):
+        if k >= runs and any(v > 0 for v in samples):
+            break  # two more tries where a stall on the short batch hid every difference
+        batch = [Job(i, 0.0, target.prompt(prompt_tokens), prompt_tokens, short)
+                 for i in range(seqs)]
+        base_s = float(np.median(_e2e_s(send(target, batch))))
+        batch = [Job(i, 0.0, target.prompt(prompt_tokens), prompt_tokens, output_tokens)
+                 for i in range(seqs)]
+        samples += [(e - base_s) / (output_tokens - short) for e in _e2e_s(send(target, batch))]
+    return [v for v in samples if v > 0]
+
+
+def mixed_step_s(target: Target, seqs: int, prompt_tokens: int, output_tokens: int,
+                 chunk_tokens: int, reps: int, est_itl_s: float) -> list[float]:
+    """Times of steps holding one ``chunk_tokens`` prefill among ``seqs`` decodes: ``reps``
+    one-token requests sent, spaced apart, while the decodes run.
+    """
+    decodes = [Job(i, 0.0, target.prompt(prompt_tokens), prompt_tokens, output_tokens)
+               for i in range(seqs)]
+    span = output_tokens * est_itl_s
+    start = 0.3 * span
+    spacing = 0.5 * span / max(reps, 1)
+    newcomers = [Job(seqs + k, start + k * spacing, target.prompt(chunk_tokens), chunk_tokens,
+                     1) for k in range(reps)]
+    outs = send(target, decodes + newcomers)
+    streams = [o for o in outs if o.index < seqs]
+    lo = max(o.chunk_s[0] for o in streams)
+    hi = min(o.chunk_s[-1] for o in streams)
+    samples = []
+    for new in (o for o in outs if o.index >= seqs):
+        first = new.chunk_s[0]
+        if not lo < first <= hi:
+            continue
+        gaps = []
+        for o in streams:
+            t = np.asarray(o.chunk_s)
+            k = int(np.argmin(np.abs(t - first)))
+            if k > 0:
+                gaps.append(t[k] - t[k - 1])
+        if gaps:
+            samples.append(float(np.median(gaps)))
+    return samples
