@@ -162,7 +162,7 @@ def _calibrate_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["--api", "grpc"], "--api 'grpc': allowed: kserve-v2, http-json"),
+    (["--api", "grpc"], "--api 'grpc': allowed: openai-completions (an LLM server), kserve-v2"),
     (["--server-max-batch-size", "4", "--batch-sizes", "1,8"],
      "--server-max-batch-size 4: below the burst size 8"),
     (["--window-ms", "-1"], "--window-ms -1: must be >= 0"),
@@ -171,8 +171,8 @@ def _calibrate_cli(*args: str) -> subprocess.CompletedProcess[str]:
 ])
 def test_calibrate_endpoint_bad_flags(stub_url: str, tmp_path: Path, args: list[str],
                                       needle: str) -> None:
-    base = ["--endpoint", stub_url, "--endpoint-model", "instant", "--out",
-            str(tmp_path / "p.json")]
+    base = ["--endpoint", stub_url, "--api", "kserve-v2", "--endpoint-model", "instant",
+            "--out", str(tmp_path / "p.json")]
     _one_line_error(_calibrate_cli(*base, *args), needle)
 
 
