@@ -140,11 +140,19 @@ def ensure_vllm(root: Path | None = None,
     return env
 
 
+# Ports a Ray node takes by default whatever it is told (the dashboard agent's 52365 among them,
+# also with the dashboard off): a server must not be handed one of them.
+RAY_DEFAULT_PORTS = frozenset({6379, 8076, 8265, 10001, 52365, 52366})
+
+
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free TCP port on 127.0.0.1 (never one a Ray node takes by default)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in RAY_DEFAULT_PORTS:
+            return port
 
 
 def _healthy(url: str) -> bool:

@@ -51,7 +51,11 @@ def test_bench_counts_tokens_and_matches_the_servers_own_metrics(vllm_server: An
     assert itl_n == 6 * 15
     server_itl_ms = _delta(result, "inter_token_latency_seconds_sum") / itl_n * 1e3
     ours_itl_ms = float((req["finish_s"] - req["first_token_s"]).sum() / itl_n * 1e3)
-    assert ours_itl_ms == pytest.approx(server_itl_ms, rel=0.15, abs=1.0)
+    # our first-to-last span of a request is the server's plus the last chunk's way to us
+    # minus the first one's; each way is at most what our TTFT exceeds the server's by (the
+    # client + HTTP path of this run), so the spans differ by at most twice that, per request
+    way_ms = max(float(ours.mean()) - server_ttft_ms, 0.0) + 1.0
+    assert abs(ours_itl_ms - server_itl_ms) * itl_n <= 2 * way_ms * served
     assert result.summary["itl_ms"]["mean"] >= ours_itl_ms * 0.99  # per chunk >= per token
     tpot = ((req["finish_s"] - req["first_token_s"]) / 15).to_numpy() * 1e3
     assert result.summary["tpot_ms"]["p50"] == pytest.approx(float(np.median(tpot)))
