@@ -60,8 +60,8 @@ def scenario(policy: dict[str, Any], rate: float, seconds: float) -> dict[str, A
 def replay(args: argparse.Namespace) -> None:
     """Sim against live runs on the replay stand-in (no device, no probe)."""
     import sim.llm
-    from executor.compare import compare_rows
     from executor.compare_llm import LLM_METRICS
+    from executor.compare_loop import compare_rows
     from executor.live_llm import live_llm
 
     t0 = time.perf_counter()

@@ -78,22 +78,22 @@ def trace_loop(scenario: dict[str, Any]) -> list[Snapshot]:
     while True:
         timer = not done and wake_s <= now_s and not (seen < arrival_s.size
                                                        and arrival_s[seen] <= now_s)
-        step = core.step(now_s, done)
-        for batch in step.start:
+        actions = core.step(now_s, done)
+        for batch in actions.start:
             service_s = service.sample_s(batch.items, batch.idle_s)
             running.append((now_s + service_s, batch, service_s))
         arrived = tuple(i for i in range(seen, arrival_s.size) if arrival_s[i] <= now_s)
         seen += len(arrived)
-        if snapshots or arrived or step.start:  # the call at 0 s before any arrival: skip
+        if snapshots or arrived or actions.start:  # the call at 0 s before any arrival: skip
             snapshots.append(Snapshot(
                 time_s=now_s, arrived=arrived,
                 finished=tuple(r for f in done for r in f.batch.request_ids),
-                started=tuple(r for b in step.start for r in b.request_ids),
+                started=tuple(r for b in actions.start for r in b.request_ids),
                 queue=tuple(core.queues[0].ids()),
                 device=tuple(r for _, b, _ in running for r in b.request_ids),
                 device_free_s=max((f for f, _, _ in running), default=math.nan),
                 timer=timer))
-        wake_s = step.wake_s
+        wake_s = actions.wake_s
         next_arrival = arrival_s[seen] if seen < arrival_s.size else math.inf
         next_finish = min((f for f, _, _ in running), default=math.inf)
         now_s = min(next_arrival, next_finish, wake_s)

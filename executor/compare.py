@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,16 @@ import pandas as pd
 import sim
 from calibration.model_runners import ModelRunner
 from calibration.profile import LatencyProfile
+from executor.compare_loop import (
+    FLEET_METRICS,
+    METRICS,
+    Probing,
+    check_compare_args,
+    compare_rows,
+    metric,
+    run_repeats,
+    write_compare,
+)
 from executor.live_requests import (
     check_live_bounds,
     default_runners,
@@ -29,89 +39,15 @@ from executor.live_requests import (
     replica_loader,
     scenario_profile,
 )
-from executor.probe import PROBE_MODES, drift, pooled_scale, probe, probe_sizes
+from executor.probe import PROBE_MODES, Probe, drift, pooled_scale, probe, probe_sizes
 from sim.errors import UserError
 from sim.metrics.rundir import Result, write_json
 from sim.metrics.stability import stability_warning
 from sim.metrics.window import default_drain_s
 from sim.scenario.schema import Scenario, load_scenario
 
-METRICS: list[tuple[str, str]] = [
-    ("throughput_rps", "throughput (req/s)"),
-    ("goodput_rps", "goodput (req/s)"),
-    ("latency_ms.mean", "latency mean (ms)"),
-    ("latency_ms.p50", "latency p50 (ms)"),
-    ("latency_ms.p90", "latency p90 (ms)"),
-    ("latency_ms.p95", "latency p95 (ms)"),
-    ("latency_ms.p99", "latency p99 (ms)"),
-    ("queue_ms.mean", "queue wait mean (ms)"),
-    ("mean_batch_size", "mean batch size"),
-    ("utilization", "utilisation"),
-    ("error_rate", "error rate"),
-]
-FLEET_METRICS: list[tuple[str, str]] = [
-    ("replica_seconds", "replica-seconds"),
-    ("replicas.mean", "replicas (mean)"),
-    ("cold_starts", "cold starts"),
-    ("cold_start_s.p50", "cold start p50 (s)"),
-    ("cold_start_waits", "requests that waited on a cold start"),
-    ("cost_per_million_usd", "cost per million (USD)"),
-]
-
-
-def metric(summary: dict[str, Any], key: str) -> float:
-    """A (possibly dotted) metric from a summary."""
-    value: Any = summary
-    for part in key.split("."):
-        value = value.get(part, math.nan) if isinstance(value, dict) else math.nan
-    return float(value) if value is not None else math.nan
-
-
-def _rel(value: float, reference: float) -> float:
-    if reference != 0 and math.isfinite(reference):
-        return (value - reference) / abs(reference)
-    return 0.0 if value == reference else math.nan
-
-
-def compare_rows(sim_summaries: dict[str, Any] | Sequence[dict[str, Any]],
-                 live_summaries: Sequence[dict[str, Any]],
-                 stored_summary: dict[str, Any] | None = None,
-                 metrics: Sequence[tuple[str, str]] = METRICS) -> list[dict[str, Any]]:
-    """Per-metric comparison rows.
-
-    Args:
-        sim_summaries: The simulated summary, or one per live repeat (probed runs); their
-            median is the prediction.
-        live_summaries: One summary per live repeat.
-        stored_summary: With probing, the prediction from the stored (unprobed) profile; its
-            value and error are kept as ``sim_stored`` / ``rel_error_stored``.
-        metrics: (dotted key, label) pairs to compare (default: the request-level ones).
-    """
-    sims = [sim_summaries] if isinstance(sim_summaries, dict) else list(sim_summaries)
-    rho = float(np.median([metric(x, "utilization") for x in sims]))
-    rows = []
-    for key, label in metrics:
-        if key == "goodput_rps" and all(x.get(key) is None for x in sims):
-            continue  # no SLO set: there is no goodput to compare
-        s = float(np.median([metric(x, key) for x in sims]))
-        lv = np.array([metric(x, key) for x in live_summaries], dtype=float)
-        med = float(np.median(lv)) if lv.size else math.nan
-        lo, hi = (float(lv.min()), float(lv.max())) if lv.size else (math.nan, math.nan)
-        spread = (hi - lo) / abs(med) if med and math.isfinite(med) else math.nan
-        row: dict[str, Any] = {
-            "metric": key, "label": label, "sim": s, "live_median": med,
-            "rel_error": _rel(s, med), "live_min": lo, "live_max": hi,
-            "live_spread_rel": spread, "within_spread": bool(lo <= s <= hi), "rho": rho}
-        if len(sims) == len(live_summaries) and len(sims) > 1:
-            row["paired_rel_errors"] = [_rel(metric(a, key), metric(b, key))
-                                        for a, b in zip(sims, live_summaries, strict=True)]
-        if stored_summary is not None:
-            stored = metric(stored_summary, key)
-            row["sim_stored"] = stored
-            row["rel_error_stored"] = _rel(stored, med)
-        rows.append(row)
-    return rows
-
+__all__ = ["FLEET_METRICS", "METRICS", "compare", "compare_rows", "mean_summary", "metric",
+           "predict", "probe_target", "probed_scenario", "rate_for_utilization", "sweep"]
 
 def mean_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The mean of every numeric field (recursively) over replications' summaries."""
@@ -176,12 +112,9 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     overhead only; ``off`` predicts from the stored profile. ``DIR/sim/`` is always the stored
     profile's prediction; its errors are kept per metric as ``rel_error_stored``.
     """
-    if repeats < 1:
-        raise UserError(f"--repeats {repeats}: must be >= 1")
+    check_compare_args(repeats, probe_mode, PROBE_MODES)
     if sim_replications < 1:
         raise UserError(f"sim_replications {sim_replications}: must be >= 1")
-    if probe_mode not in PROBE_MODES:
-        raise UserError(f"--probe {probe_mode!r}: allowed: {', '.join(PROBE_MODES)}")
     scn = load_scenario(scenario, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -203,46 +136,47 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
         probe_runner = replica_loader(scn)(0)[0]
     sizes = probe_sizes(scn, profile) if profile is not None else []
     metrics = METRICS + (FLEET_METRICS if scn.autoscaling is not None else [])
-    lives: list[Result] = []
-    predictions: list[dict[str, Any]] = []
-    probes: list[dict[str, Any]] = []
+    figures: list[Result] = []  # the first probed prediction's run, for the report
     loop_s = time.perf_counter()
-    for i in range(1, repeats + 1):
+
+    def before_repeat(i: int) -> None:
         elapsed_s = time.perf_counter() - started_s
         # the first estimate is the schedule, its predicted drain and the probes; later ones
         # are what the runs so far took (model loading and predictions included)
         each_s = (time.perf_counter() - loop_s) / (i - 1) if i > 1 else per_run_s
         say(f"repeat {i}/{repeats}: {elapsed_s:.0f} s so far, about "
             f"{each_s * (repeats - i + 1):.0f} s left")
-        before = None
-        if profile is not None:
-            say(f"probing the device (batch sizes {sizes})")
-            assert probe_runner is not None
-            before = probe(probe_runner, profile, sizes, budget_s=probe_budget_s, seed=i)
-        say(f"live run {i}/{repeats}")
-        result = live(scn, runners=runner_list, drain_timeout_s=drain_s)
-        result.write(out / f"live-{i}")
-        lives.append(result)
-        if before is not None and profile is not None:
-            assert probe_runner is not None
-            after = probe(probe_runner, profile, sizes, budget_s=probe_budget_s, seed=i + 500)
-            scaled = before.profile_for(profile, probe_mode, [after])
-            info = {"repeat": i, "mode": probe_mode, "scale": pooled_scale([before, after]),
-                    "applied": scaled.meta["rescaled"], "drift": drift(before, after),
-                    "before": before.to_dict(), "after": after.to_dict()}
-            path = scaled.save(out / f"live-{i}" / "probed-profile.json")
-            write_json(out / f"live-{i}" / "probe.json", info)
-            probed, mean = predict(scn, out / f"sim-{i}", sim_replications, seed=i,
-                                   overrides={"service.path": str(path)},
-                                   drain_timeout_s=drain_s)
-            figure_sim = probed if i == 1 else figure_sim
-            predictions.append(mean)
-            probes.append(info)
-    if predictions:
-        rows = compare_rows(predictions, [r.summary for r in lives], stored_summary=stored,
-                            metrics=metrics)
-    else:
-        rows = compare_rows(stored, [r.summary for r in lives], metrics=metrics)
+
+    def probe_device(i: int, after: bool) -> Probe:
+        assert probe_runner is not None
+        assert profile is not None
+        return probe(probe_runner, profile, sizes, budget_s=probe_budget_s,
+                     seed=i + 500 if after else i)
+
+    def predict_probed(i: int, before: Probe, after: Probe, run_dir: Path
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+        assert profile is not None
+        scaled = before.profile_for(profile, probe_mode, [after])
+        info = {"repeat": i, "mode": probe_mode, "scale": pooled_scale([before, after]),
+                "applied": scaled.meta["rescaled"], "drift": drift(before, after),
+                "before": before.to_dict(), "after": after.to_dict()}
+        path = scaled.save(run_dir / "probed-profile.json")
+        write_json(run_dir / "probe.json", info)
+        probed, mean = predict(scn, out / f"sim-{i}", sim_replications, seed=i,
+                               overrides={"service.path": str(path)}, drain_timeout_s=drain_s)
+        figures.append(probed)
+        return mean, info
+
+    probing = None if profile is None else Probing(
+        probe_device, predict_probed,
+        announce=lambda _i: say(f"probing the device (batch sizes {sizes})"))
+    done = run_repeats(repeats, out, lambda: live(scn, runners=runner_list,
+                                                  drain_timeout_s=drain_s),
+                       probing, before_repeat=before_repeat, say=say)
+    lives = cast(list[Result], done.lives)  # live() makes Results
+    figure_sim = figures[0] if figures else figure_sim
+    rows = done.rows(stored, metrics)
+    predictions, probes = done.predictions, done.probes
     data = {"scenario": scn.name, "repeats": repeats, "rho": rows[0]["rho"],
             "sim_replications": sim_replications, "probed": bool(predictions),
             "probe_mode": probe_mode if predictions else "off",
@@ -255,7 +189,7 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
                                                [figure_sim.summary, *(r.summary for r in lives)])
                                    if w],
             "calibration_warnings": lives[0].meta.get("calibration_warnings", [])}
-    write_json(out / "compare.json", data)
+    write_compare(out, data)
     from executor.report import write_compare_report
 
     write_compare_report(out / "report.html", figure_sim, lives, rows)

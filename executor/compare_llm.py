@@ -26,7 +26,13 @@ import pandas as pd
 import sim.llm
 from calibration.llm_decoder import LlamaDecoder, StepEntry
 from calibration.step_profile import StepProfile, load_step_profile
-from executor.compare import FLEET_METRICS, compare_rows
+from executor.compare_loop import (
+    FLEET_METRICS,
+    Probing,
+    check_compare_args,
+    run_repeats,
+    write_compare,
+)
 from executor.lifecycle import check_bounds, default_drain_s
 from executor.live_llm import (
     build_decoders,
@@ -116,11 +122,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
         UserError: bad arguments, no step profile, or (``force=False``) a run the simulator
             predicts unstable or too long.
     """
-    if repeats < 1:
-        raise UserError(f"--repeats {repeats}: must be >= 1")
-    if probe_mode not in PROBE_MODES:
-        raise UserError(f"--probe {probe_mode!r}: allowed for LLM scenarios: "
-                        f"{', '.join(PROBE_MODES)}")
+    check_compare_args(repeats, probe_mode, PROBE_MODES, "LLM scenarios")
     scn = load_llm_scenario(scenario, overrides)
     if scn.service.kind != "llm_profile":
         raise UserError("service.kind: compare needs a measured step profile (llm_profile); "
@@ -140,45 +142,39 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
     probe_decoder = decoders[0] if decoders else None
     if probe_mode == "full" and probe_decoder is None:  # scale from zero: one to probe
         probe_decoder = build_decoders(llm_model_spec(scn), 1, slots, max_len)[0]
-    lives, sims, probes = [], [], []
-    for i in range(1, repeats + 1):
-        probe = None
-        if probe_mode == "full":
-            assert probe_decoder is not None
-            before = probe_llm(probe_decoder, stored_profile)
-        if progress:
-            progress(f"live run {i}/{repeats}")
-        result = live_llm(scn, drain_timeout_s=drain_s, decoders=decoders)
-        run_dir = result.write(out / f"live-{i}")
-        lives.append(result.summary)
-        if probe_mode == "full":
-            after = probe_llm(probe_decoder, stored_profile)  # type: ignore[arg-type]
-            scales = {k: math.sqrt(before[k] * after[k])
-                      for k in ("prefill_scale", "decode_scale")}
-            by_size = {k: {n: math.sqrt(before[k][n] * after[k][n]) for n in before[k]}
-                       for k in ("prefill_scale_by_tokens", "decode_scale_by_seqs")}
-            probe = {"before": before, "after": after, **scales, **by_size,
-                     "drift": max(abs(after[k] / before[k] - 1) for k in scales)}
-            write_json(run_dir / "probe.json", probe)
-            probed = stored_profile.rescaled(by_size["prefill_scale_by_tokens"],
-                              by_size["decode_scale_by_seqs"])
-            path = probed.save(run_dir / "probed-profile.json")
-            predicted = sim.llm.run(scn, {"service.path": str(path)},
-                                    drain_timeout_s=drain_s)
-            predicted.write(out / f"sim-{i}")
-            sims.append(predicted.summary)
-            probes.append(probe)
-    rows = compare_rows(sims if sims else stored.summary, lives,
-                        stored_summary=stored.summary if sims else None,
-                        metrics=LLM_METRICS + (FLEET_METRICS if scn.autoscaling else []))
+
+    def probe_device(_i: int, _after: bool) -> dict[str, Any]:
+        assert probe_decoder is not None
+        return probe_llm(probe_decoder, stored_profile)
+
+    def predict_probed(i: int, before: dict[str, Any], after: dict[str, Any], run_dir: Path
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+        scales = {k: math.sqrt(before[k] * after[k]) for k in ("prefill_scale", "decode_scale")}
+        by_size = {k: {n: math.sqrt(before[k][n] * after[k][n]) for n in before[k]}
+                   for k in ("prefill_scale_by_tokens", "decode_scale_by_seqs")}
+        probe = {"before": before, "after": after, **scales, **by_size,
+                 "drift": max(abs(after[k] / before[k] - 1) for k in scales)}
+        write_json(run_dir / "probe.json", probe)
+        probed = stored_profile.rescaled(by_size["prefill_scale_by_tokens"],
+                                         by_size["decode_scale_by_seqs"])
+        path = probed.save(run_dir / "probed-profile.json")
+        predicted = sim.llm.run(scn, {"service.path": str(path)}, drain_timeout_s=drain_s)
+        predicted.write(out / f"sim-{i}")
+        return predicted.summary, probe
+
+    done = run_repeats(repeats, out, lambda: live_llm(scn, drain_timeout_s=drain_s,
+                                                      decoders=decoders),
+                       Probing(probe_device, predict_probed) if probe_mode == "full" else None,
+                       say=progress or (lambda _msg: None))
+    rows = done.rows(stored.summary, LLM_METRICS + (FLEET_METRICS if scn.autoscaling else []))
+    sims, probes = done.predictions, done.probes
     data = {"scenario": scn.name, "kind": "llm", "repeats": repeats, "probe_mode": probe_mode,
             "offered_rps": stored.summary["stability"]["offered_rps"],
             "probed": bool(sims), "probes": [{k: p[k] for k in ("prefill_scale",
                                                                 "decode_scale", "drift")}
                                              for p in probes],
             "rows": rows}
-    write_json(out / "compare.json", data)
-    return data
+    return write_compare(out, data)
 
 
 def sweep_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str | Path,

@@ -351,24 +351,24 @@ class LiveDriver:
         due = core.next_policy_wake_s()
         t0 = time.perf_counter()
         ready, self._ready = self._ready, []
-        step = core.step(now, finished, dispatch=dispatch, ready=ready)
+        actions = core.step(now, finished, dispatch=dispatch, ready=ready)
         overhead = time.perf_counter() - t0
         if was_free and core.source.admitted > admitted:  # an arrival found a replica free
             last = core.table.arrival_s[core.source.admitted - 1]
             self.health.arrival_lateness_s.append(max(0.0, now - last))
         if due <= now:
             self.health.wake_lateness_s.append(now - due)
-        if step.start:
+        if actions.start:
             self.health.dispatch_overhead_s.append(overhead)
-        for batch in step.start:
+        for batch in actions.start:
             self._workers[batch.replica].jobs.put(batch)
-        for replica in step.launch:  # the worker loads the model, then reports it ready
+        for replica in actions.launch:  # the worker loads the model, then reports it ready
             worker = self._worker(replica, None)
             self._workers[replica] = worker
             worker.start()
-        for replica in step.stop:
+        for replica in actions.stop:
             self._retire(replica)
-        self._wake_s = step.wake_s
+        self._wake_s = actions.wake_s
 
     def _worker(self, replica: int, runner: ModelRunner | None) -> _Worker:
         return _Worker(replica, runner, self._inbox, self.start_perf,

@@ -300,7 +300,7 @@ def calibrate(
              "directory holding one; the decoder takes its layers, hidden size, heads, KV "
              "heads, MLP width and vocabulary (random weights).")] = None,
     budget_s: Annotated[float | None, typer.Option(
-        min=1, help="With --model llm: refuse a calibration estimated to take longer than "
+        help="With --model llm: refuse a calibration estimated to take longer than "
         "this (seconds; default 600) unless --yes. With an LLM --endpoint: the most seconds "
         "probing may take (default 180).")] = None,
     yes: Annotated[bool, typer.Option(

@@ -5,7 +5,7 @@ Three kinds of SimPy event, each a plain ``Timeout`` with a callback (no process
 * a *batch done* event per started batch, after a service time drawn from the model (from
   its cold samples when the replica had idled long enough, see :attr:`Batch.idle_s`);
 * a *wake-up* at the time the core asked for (the next arrival while a replica is free, or a
-  policy's wake-up); a later step that asks for another time supersedes it;
+  policy's wake-up); a later call that asks for another time supersedes it;
 * a *replica ready* event per launched replica (autoscaling), after a cold start drawn from
   the model's measured load times.
 
@@ -19,7 +19,7 @@ import math
 import simpy
 
 from sim.scenario.service import ServiceModel
-from sim.serving.core import Finished, ServingCore, Step
+from sim.serving.core import CoreActions, Finished, ServingCore
 from sim.serving.fleet import ColdStart
 
 _finished = tuple.__new__  # a Finished without the NamedTuple's Python-level __new__
@@ -56,17 +56,17 @@ class SimPyDriver:
         self.core.admit_until(until_s)
         return float(until_s)
 
-    def _apply(self, step: Step) -> None:
+    def _apply(self, actions: CoreActions) -> None:
         env, sample_s = self.env, self.service.sample_s
-        for batch in step.start:
+        for batch in actions.start:
             service_s = sample_s(batch.items, batch.idle_s)
             event = env.timeout(service_s, (batch, service_s))
             event.callbacks.append(self._on_done)
-        for replica in step.launch:
+        for replica in actions.launch:
             assert self.cold_start is not None, "a fleet needs a cold-start model"
             event = env.timeout(self.cold_start.sample_s(), replica)
             event.callbacks.append(self._on_ready)
-        wake_s = step.wake_s
+        wake_s = actions.wake_s
         if wake_s != self._wake_s:
             self._wake_s = wake_s
             self._wake_token += 1

@@ -353,6 +353,13 @@ class BatchFold:
             values, counts = np.unique(b_size, return_counts=True)
             for v, c in zip(values.tolist(), counts.tolist(), strict=True):
                 self.size_hist[v] = self.size_hist.get(v, 0) + c
+        self.add_busy_by_replica(start_s, finish_s, replica)
+
+    def add_busy_by_replica(self, start_s: np.ndarray, finish_s: np.ndarray,
+                            replica: np.ndarray) -> None:
+        """Add the busy time of a chunk of intervals (batches, engine steps) on the replicas
+        ``replica`` names (after every interval that started before them).
+        """
         if len(self.busy_s) == 1 and not bool(np.any(replica)):
             self.add_busy(0, start_s, finish_s)
             return

@@ -11,6 +11,12 @@ each as mean, p50, p90, p95, p99, p999 and max over the ok requests that arrived
 ``output_tokens_per_s`` (output tokens produced in the window, by any request);
 ``goodput_rps`` counts completions meeting every SLO set (``slo.ttft_ms``, ``slo.tpot_ms``)
 and is null without an SLO.
+
+The window, the counts behind the rates (arrivals, outcomes, completions, censored), busy
+time, utilisation and cost are the request-level definitions (:class:`~sim.metrics.window.Window`,
+:class:`~sim.metrics.folds.RequestFold`, :class:`~sim.metrics.folds.BatchFold`,
+:func:`~sim.metrics.summary.utilization_of`): an engine step is a batch, and a request
+"starts" at its first token.
 """
 
 from __future__ import annotations
@@ -21,9 +27,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.metrics.folds import BatchFold, RequestFold
 from sim.metrics.stability import verdict
-from sim.metrics.summary import _stats_ms, queue_length_stats, queue_trend
+from sim.metrics.summary import (
+    _stats_ms,
+    cost_per_million_usd,
+    queue_length_stats,
+    queue_trend,
+    status_codes,
+    utilization_of,
+)
+from sim.metrics.window import Window
 from sim.serving.fleet import fleet_summary
+from sim.serving.types import STATUS_CATEGORIES
 
 
 def _weighted_mean_max(times: np.ndarray, values: np.ndarray, lo_s: float,
@@ -59,15 +75,19 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
     replica series and events of an autoscaled run) adds the autoscaling metrics and makes
     utilisation and cost count the replica-seconds held.
     """
-    lo, hi = warmup_s, horizon_s
-    span = max(hi - lo, 0.0)
-    per_s = 1.0 / span if span > 0 else math.nan
-    status = requests["status"].astype(str).to_numpy()
+    window = Window(warmup_s=warmup_s, horizon_s=horizon_s, replicas=replicas,
+                    max_batch_size=1,  # an engine step is not summarised by its size
+                    price_per_replica_hour=price_per_replica_hour, end_s=end_s)
+    lo, hi = window.warmup_s, window.horizon_s
+    span, per_s = window.length_s, window.per_s
     arrival = requests["arrival_s"].to_numpy()
+    first = requests["first_token_s"].to_numpy(float)
+    finish = requests["finish_s"].to_numpy(float)
+    codes = status_codes(requests)
+    fold = RequestFold(lo, hi)
+    fold.add(arrival, first, finish, codes, end_s=end_s, keep=True)
     inwin = arrival >= lo
-    ok = (status == "ok") & inwin
-    first = requests["first_token_s"].to_numpy()
-    finish = requests["finish_s"].to_numpy()
+    ok = (codes == STATUS_CATEGORIES.index("ok")) & inwin
     out_tokens = requests["output_tokens"].to_numpy()
     prio = requests["priority"].to_numpy() if "priority" in requests else np.zeros(len(requests))
     ttft = (first - arrival)[ok]
@@ -80,7 +100,8 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
     times = token_s[:owner.size]
     same = (owner[1:] == owner[:-1]) & ok[owner[1:]] if owner.size > 1 else np.zeros(0, bool)
     itl = np.diff(times)[same] if owner.size > 1 else np.empty(0)
-    completed = (status == "ok") & (finish >= lo) & (finish <= hi)
+    # the completions RequestFold counts: ok, finished inside the window
+    completed = (codes == STATUS_CATEGORIES.index("ok")) & (finish >= lo) & (finish <= hi)
     good = completed.copy()
     if ttft_slo_ms is not None:
         good &= (first - arrival) * 1e3 <= ttft_slo_ms
@@ -91,15 +112,16 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
         good &= per_token * 1e3 <= tpot_slo_ms
     has_slo = ttft_slo_ms is not None or tpot_slo_ms is not None
     produced = token_s[(token_s >= lo) & (token_s <= hi)]
-    in_flight = (status == "in_flight") & inwin
-    counts = {s: int(((status == s) & inwin).sum())
+    counts = {s: int(fold.counts[STATUS_CATEGORIES.index(s)])
               for s in ("ok", "rejected", "failed", "in_flight")}
-    arrivals = int(inwin.sum())
-
-    busy = float(np.sum(np.clip(np.minimum(steps["start_s"] + steps["duration_s"], hi)
-                                - np.maximum(steps["start_s"], lo), 0, None))) if len(steps) \
-        else 0.0
-    utilization = busy / span / replicas if span > 0 else math.nan
+    arrivals = fold.arrivals
+    completions = fold.completions
+    start_s = steps["start_s"].to_numpy(float)
+    replica = steps["replica"].to_numpy()
+    engines = BatchFold(lo, hi, max(replicas, int(replica.max()) + 1 if replica.size else 0))
+    order = np.argsort(start_s, kind="stable")
+    engines.add_busy_by_replica(start_s[order], (start_s + steps["duration_s"].to_numpy(float))
+                                [order], replica[order])
     win_steps = steps[(steps["start_s"] >= lo) & (steps["start_s"] < hi)]
     kv_mean = kv_max = math.nan
     if num_blocks and len(steps):
@@ -130,11 +152,11 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
         "kind": "llm",
         "requests": arrivals,
         **counts,
-        "censored": int(in_flight.sum()),
-        "completions": int(completed.sum()),
+        "censored": fold.censored,
+        "completions": completions,
         "window_s": span,
         "offered_rps": offered,
-        "throughput_rps": float(completed.sum()) * per_s,
+        "throughput_rps": completions * per_s,
         "input_tokens_per_s": float(requests["prompt_tokens"].to_numpy()[completed].sum())
         * per_s,
         "output_tokens_per_s": float(produced.size) * per_s,
@@ -148,14 +170,14 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
         "preemptions": preempted,
         "recomputed_tokens": int((requests["work_tokens"] - (
             requests["prompt_tokens"] + requests["output_tokens"] - 1)).clip(lower=0)
-            .to_numpy()[(status == "ok") & inwin].sum()),
+            .to_numpy()[ok].sum()),
         "steps": len(win_steps),
         "tokens_per_step": _dist((win_steps["prefill_tokens"] + win_steps["decode_seqs"])
                                  .to_numpy(float)) if len(win_steps) else _dist(np.empty(0)),
         "seqs_per_step": _dist(win_steps["num_seqs"].to_numpy(float)) if len(win_steps)
         else _dist(np.empty(0)),
         "kv_cache_utilization": {"mean": kv_mean, "max": kv_max},
-        "utilization": utilization,
+        "utilization": math.nan,
         "queue_len": queue_length_stats(queue, lo, hi),
         "stability": stability,
         "priorities": {str(level): {"requests": int(((prio == level) & inwin).sum()),
@@ -163,23 +185,18 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
                                     "e2e_ms": _stats_ms((finish - arrival)[ok & (prio == level)])}
                        for level in np.unique(prio)} if np.unique(prio).size > 1 else {},
         "replicas": replicas,
-        "cost_per_million_usd": (price_per_replica_hour * replicas / 3600
-                                 / (float(completed.sum()) * per_s) * 1e6)
-        if price_per_replica_hour > 0 and completed.sum() else None,
+        "cost_per_million_usd": None,
         "end_s": end_s,
     }
-    held_s = replicas * span
-    scaling: dict[str, Any] = {"replica_seconds": held_s, "cold_starts": 0,
-                               "cold_start_waits": 0}
+    scaling = None
     if fleet is not None:
         # a request "starts" on its engine when its first token comes
         started = requests.assign(start_s=requests["first_token_s"])
         scaling = fleet_summary(started, fleet[0], fleet[1], lo, hi,
                                 (finish - arrival)[ok], ok)
-        held_s = float(scaling["replica_seconds"])  # type: ignore[arg-type]
-        out["utilization"] = busy / held_s if held_s > 0 else math.nan
-        out["cost_per_million_usd"] = (price_per_replica_hour * held_s / 3600
-                                       / float(completed.sum()) * 1e6) \
-            if price_per_replica_hour > 0 and completed.sum() else None
+    _, out["utilization"], scaling = utilization_of(engines, window, scaling)
+    out["cost_per_million_usd"] = cost_per_million_usd(
+        price_per_replica_hour, float(scaling["replica_seconds"]),  # type: ignore[arg-type]
+        completions)
     out.update(scaling)
     return out

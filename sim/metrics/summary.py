@@ -252,7 +252,7 @@ def summary_from_folds(requests: RequestFold, batches: BatchFold, queue: QueueFo
     counts_all = dict(zip(_CATEGORIES, requests.counts.tolist(), strict=True))
     counts = {cause: counts_all.get(cause, 0) for cause in ERROR_CAUSES}
     errors = sum(counts.values())
-    per_s = (1.0 / span) if span > 0 else math.nan
+    per_s = window.per_s
     completions = requests.completions
     good = requests.good if (window.slo_s is not None or window.has_deadlines) else None
     censored = requests.censored
@@ -263,20 +263,11 @@ def summary_from_folds(requests: RequestFold, batches: BatchFold, queue: QueueFo
                           requests.values("service"), scratch=True)
     n_batches = batches.n
     mean_batch = batches.size_sum / n_batches if n_batches else math.nan
-    busy = np.array(batches.busy_s)
-    util = busy / span if span > 0 else np.full(window.replicas, math.nan)
     throughput = completions * per_s
     offered = arrivals * per_s
-    if scaling is not None:
-        held_s = float(scaling["replica_seconds"])
-        utilization = float(busy.sum() / held_s) if held_s > 0 else math.nan
-    else:
-        held_s = window.replicas * span
-        scaling = {"replica_seconds": held_s, "cold_starts": 0, "cold_start_waits": 0}
-        utilization = float(util.mean()) if util.size else math.nan
-    cost = math.nan
-    if window.price_per_replica_hour > 0 and completions > 0:
-        cost = window.price_per_replica_hour * held_s / 3600.0 / completions * 1e6
+    util, utilization, scaling = utilization_of(batches, window, scaling)
+    held_s = float(scaling["replica_seconds"])
+    cost = cost_per_million_usd(window.price_per_replica_hour, held_s, completions)
     in_system = requests.in_system_s / span if span > 0 and requests.rows else math.nan
     little = throughput * mean_latency_s
     steps = queue.steps
@@ -316,19 +307,50 @@ def summary_from_folds(requests: RequestFold, batches: BatchFold, queue: QueueFo
         "littles_law": {"in_system_mean": in_system, "throughput_x_latency": little,
                         "rel_gap": (in_system - little) / little if little else math.nan},
         "stability": stability,
-        "cost_per_million_usd": cost,
+        "cost_per_million_usd": math.nan if cost is None else cost,
         **scaling,
         **({"classes": _class_summaries(requests, window)}
            if requests.classes is not None else {}),
     }
 
 
+def utilization_of(batches: BatchFold, window: Window, scaling: dict[str, Any] | None,
+                   ) -> tuple[np.ndarray, float, dict[str, Any]]:
+    """Device utilisation (the one definition, for requests and LLM engines alike): each
+    replica's busy time (:class:`BatchFold`) over the window, their mean for a fixed fleet;
+    for an autoscaled one (``scaling``: its metrics) the busy time over the replica-seconds
+    held.
+
+    Returns:
+        The per-replica utilisation, the utilisation, and the scaling metrics (a fixed fleet's:
+        ``window.replicas`` × window replica-seconds, no cold starts).
+    """
+    span = window.length_s
+    busy = np.array(batches.busy_s)
+    util = busy / span if span > 0 else np.full(busy.size, math.nan)
+    if scaling is not None:
+        held_s = float(scaling["replica_seconds"])
+        return util, float(busy.sum() / held_s) if held_s > 0 else math.nan, scaling
+    fixed = {"replica_seconds": window.replicas * span, "cold_starts": 0,
+             "cold_start_waits": 0}
+    return util, float(util.mean()) if util.size else math.nan, fixed
+
+
+def cost_per_million_usd(price_per_replica_hour: float, held_s: float,
+                         completions: int) -> float | None:
+    """Cost per million completions: the replica-seconds held, at a price per replica-hour
+    (None without a price or without completions).
+    """
+    if price_per_replica_hour <= 0 or completions <= 0:
+        return None
+    return price_per_replica_hour * held_s / 3600.0 / completions * 1e6
+
+
 def _class_summaries(fold: RequestFold, window: Window) -> dict[str, dict[str, Any]]:
     """Per request class: arrivals, ok, completions, throughput, goodput, error rate and
     latency (as in the summary, over that class's requests).
     """
-    span = window.length_s
-    per_s = (1.0 / span) if span > 0 else math.nan
+    per_s = window.per_s
     out: dict[str, dict[str, Any]] = {}
     assert fold.classes is not None
     for name in sorted(fold.classes):

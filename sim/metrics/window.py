@@ -73,6 +73,14 @@ class Window:
         """Window length in seconds."""
         return max(self.horizon_s - self.warmup_s, 0.0)
 
+    @property
+    def per_s(self) -> float:
+        """Factor turning a count in the window into a rate per second (NaN for an empty
+        window): throughput, offered load and goodput are counts times this.
+        """
+        span = self.length_s
+        return (1.0 / span) if span > 0 else math.nan
+
 
 def horizon_s(scenario: Scenario | LlmScenario, last_arrival_s: float) -> float:
     """End of the measurement window: duration_s, else the last arrival (request-level and

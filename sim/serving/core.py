@@ -37,15 +37,15 @@ from sim.serving.sources import ClientSource, ScheduleSource, Source
 from sim.serving.types import Policy
 
 _NONE: frozenset[int] = frozenset()
-_new_step = tuple.__new__  # a Step without the NamedTuple's Python-level __new__
+_new_actions = tuple.__new__  # CoreActions without the NamedTuple's Python-level __new__
 
 
 def _FINISH_S(done: tuple[object, ...]) -> float:  # noqa: N802 - a sort key
     return done[1]  # type: ignore[return-value]
 
 
-__all__ = ["Batch", "ClientSource", "Finished", "InvariantError", "PolicyError",
-           "ScheduleSource", "ServingCore", "Step"]
+__all__ = ["Batch", "ClientSource", "CoreActions", "Finished", "InvariantError",
+           "PolicyError", "ScheduleSource", "ServingCore"]
 
 
 class Finished(NamedTuple):
@@ -57,7 +57,7 @@ class Finished(NamedTuple):
     error: str | None = None
 
 
-class Step(NamedTuple):
+class CoreActions(NamedTuple):
     """What a driver does after :meth:`ServingCore.step`.
 
     Attributes:
@@ -132,7 +132,7 @@ class ServingCore:
 
     # -- the event loop ----------------------------------------------------------------------
     def step(self, now_s: float, finished: Sequence[Finished] = (), *,
-             dispatch: bool = True, ready: Sequence[tuple[int, float]] = ()) -> Step:
+             dispatch: bool = True, ready: Sequence[tuple[int, float]] = ()) -> CoreActions:
         """Advance the core to ``now_s``; see the module docstring for the order.
 
         Args:
@@ -205,11 +205,11 @@ class ServingCore:
             self.table.sink.maybe_flush()
         wake_s = self.next_wake_s()
         if fleet is None:
-            return _new_step(Step, (started, wake_s, (), ()))
+            return _new_actions(CoreActions, (started, wake_s, (), ()))
         launch, stop = tuple(self._launch), tuple(self._stop)
         self._launch.clear()
         self._stop.clear()
-        return Step(started, wake_s, launch, stop)
+        return CoreActions(started, wake_s, launch, stop)
 
     # -- autoscaling -------------------------------------------------------------------------
     def _ticking(self) -> bool:

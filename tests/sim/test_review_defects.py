@@ -30,14 +30,15 @@ def test_the_core_is_one_event_loop_with_the_whole_log() -> None:
     core = ServingCore(table, ScheduleSource(table),
                        [DynamicBatching(max_batch_size=2, max_wait_ms=10)])
     log = []
-    step = core.step(0.0)  # the first arrival: the policy would wait until 10 ms, but the
-    log.append(("t=0", [b.request_ids for b in step.start], step.wake_s))  # next arrival is due
+    # the first arrival: the policy would wait until 10 ms, but the next arrival is due
+    actions = core.step(0.0)
+    log.append(("t=0", [b.request_ids for b in actions.start], actions.wake_s))
     assert core.wake_at_s == [pytest.approx(0.01)]
-    step = core.step(step.wake_s)  # the second: the batch is full
-    log.append(("t=4ms", [b.request_ids for b in step.start], step.wake_s))
-    batch = step.start[0]
-    step = core.step(0.009, [Finished(batch, 0.009, 0.005)])
-    log.append(("t=9ms done", [b.request_ids for b in step.start], step.wake_s))
+    actions = core.step(actions.wake_s)  # the second: the batch is full
+    log.append(("t=4ms", [b.request_ids for b in actions.start], actions.wake_s))
+    batch = actions.start[0]
+    actions = core.step(0.009, [Finished(batch, 0.009, 0.005)])
+    log.append(("t=9ms done", [b.request_ids for b in actions.start], actions.wake_s))
     assert log == [("t=0", [], 0.004), ("t=4ms", [(0, 1)], math.inf),
                    ("t=9ms done", [], math.inf)]
     assert core.check_invariants()["ok"] == 2
