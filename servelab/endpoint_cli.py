@@ -115,8 +115,12 @@ def bench_cmd(
     _report(result, out, quiet)
 
 
-def _report(result: Any, out: Path | None, quiet: bool) -> None:
-    """The summary table and the client's health lines."""
+def _report(result: Any, out: Path | None, quiet: bool, *, tail: str | None = None,
+            drain_note: bool = False) -> None:
+    """The summary table and the client's health lines (shared by the LLM and the
+    request-level bench). ``tail`` ends the client line (default: the tokens received);
+    ``drain_note`` adds a line when the drain deadline cut the run.
+    """
     from servelab.report import summary_table
 
     console, err_console = _cli().console, _cli().err_console
@@ -126,6 +130,10 @@ def _report(result: Any, out: Path | None, quiet: bool) -> None:
         err_console.print(f"[bold yellow]stopped[/] at {meta['stopped_s']:.1f} s: "
                           f"{meta['requests_sent']} of {meta['requests_planned']} requests "
                           "sent; what was measured is kept")
+    if drain_note and meta["drain_timed_out"]:
+        err_console.print(f"[bold yellow]drain deadline:[/] {summary['in_flight']} requests "
+                          f"unanswered {meta['drain_timeout_s']:g} s after the window; kept "
+                          "as in flight (censored)")
     for cause, count in client["errors_by_cause"].items():
         first = result.requests[result.requests["reason"] == cause]["error"].iloc[0]
         err_console.print(f"[bold yellow]failed ({cause}):[/] {count} requests, e.g. {first}",
@@ -139,9 +147,9 @@ def _report(result: Any, out: Path | None, quiet: bool) -> None:
         early = ", stopped early" if meta["stopped_early"] else ""
         console.print(summary_table(summary, title=f"{result.scenario.name} (bench{early})"))
         lag = client["send_lag_ms"]
+        end = tail if tail is not None else f"{client['tokens_received']} tokens received"
         console.print(f"client: send lag p50/p99 {lag['p50']:.2f}/{lag['p99']:.2f} ms, "
-                      f"CPU share {client['cpu_share']:.0%} of a core, "
-                      f"{client['tokens_received']} tokens received")
+                      f"CPU share {client['cpu_share']:.0%} of a core, {end}")
     if out is not None:
         console.print(f"run directory: {out}")
 

@@ -63,41 +63,10 @@ def bench_requests_cmd(scenario: str, endpoint: str, out: Path | None, api: str,
     progress.stop()
     if out is not None:
         result.write(out)
-    _report(result, out, quiet)
+    from servelab.endpoint_cli import _report
 
-
-def _report(result: Any, out: Path | None, quiet: bool) -> None:
-    from servelab.report import summary_table
-
-    console, err_console = _cli().console, _cli().err_console
-    summary, meta = result.summary, result.meta
-    client = summary["client"]
-    if meta["stopped_early"]:
-        err_console.print(f"[bold yellow]stopped[/] at {meta['stopped_s']:.1f} s: "
-                          f"{meta['requests_sent']} of {meta['requests_planned']} requests "
-                          "sent; what was measured is kept")
-    if meta["drain_timed_out"]:
-        err_console.print(f"[bold yellow]drain deadline:[/] {summary['in_flight']} requests "
-                          f"unanswered {meta['drain_timeout_s']:g} s after the window; kept "
-                          "as in flight (censored)")
-    for cause, count in client["errors_by_cause"].items():
-        first = result.requests[result.requests["reason"] == cause]["error"].iloc[0]
-        err_console.print(f"[bold yellow]failed ({cause}):[/] {count} requests, e.g. {first}",
-                          highlight=False, soft_wrap=True)
-    if client["send_lag_flagged"]:
-        err_console.print(f"[bold yellow]warning:[/] send lag p99 "
-                          f"{client['send_lag_ms']['p99']:.1f} ms > "
-                          f"{client['send_lag_limit_ms']:g} ms: the client could not keep the "
-                          "schedule (a busy machine?); latencies still start at each send")
-    if not quiet:
-        early = ", stopped early" if meta["stopped_early"] else ""
-        console.print(summary_table(summary, title=f"{result.scenario.name} (bench{early})"))
-        lag = client["send_lag_ms"]
-        console.print(f"client: send lag p50/p99 {lag['p50']:.2f}/{lag['p99']:.2f} ms, "
-                      f"CPU share {client['cpu_share']:.0%} of a core; batches, queues and "
-                      "service times are not visible from outside the server")
-    if out is not None:
-        console.print(f"run directory: {out}")
+    _report(result, out, quiet, drain_note=True,
+            tail="batches, queues and service times are not visible from outside the server")
 
 
 def calibrate_endpoint_cmd(endpoint: str, api: str, model: str | None, batch_sizes: str,
