@@ -92,6 +92,8 @@ class Health:
         handoff_s: Per batch: from dispatch to the worker starting the model call.
         loop_lateness_s: Per wait of the driver's loop: how long past its planned end it
             woke (a busy machine starves the thread; this bounds how late a deadline is seen).
+        notice_lateness_s: Per finished batch: from its end (on the worker) to the time of
+            the core step that took it in, the time any batch it let start is stamped with.
     """
 
     arrival_lateness_s: list[float] = field(default_factory=list)
@@ -99,12 +101,13 @@ class Health:
     dispatch_overhead_s: list[float] = field(default_factory=list)
     handoff_s: list[float] = field(default_factory=list)
     loop_lateness_s: list[float] = field(default_factory=list)
+    notice_lateness_s: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """p50 / p99 / max (ms) and count of each series."""
         out: dict[str, dict[str, float]] = {}
         for name in ("arrival_lateness_s", "wake_lateness_s", "dispatch_overhead_s",
-                     "handoff_s", "loop_lateness_s"):
+                     "handoff_s", "loop_lateness_s", "notice_lateness_s"):
             values = np.asarray(getattr(self, name)) * 1e3
             key = name.removesuffix("_s") + "_ms"
             if values.size == 0:
@@ -349,13 +352,16 @@ class LiveDriver:
         was_free = core.any_free()
         admitted = core.source.admitted
         due = core.next_policy_wake_s()
+        for done in finished:
+            self.health.notice_lateness_s.append(max(0.0, now - done.finish_s))
         t0 = time.perf_counter()
         ready, self._ready = self._ready, []
         actions = core.step(now, finished, dispatch=dispatch, ready=ready)
         overhead = time.perf_counter() - t0
         if was_free and core.source.admitted > admitted:  # an arrival found a replica free
-            last = core.table.arrival_s[core.source.admitted - 1]
-            self.health.arrival_lateness_s.append(max(0.0, now - last))
+            # the first one taken in now: it waited longest to be noticed
+            first = core.table.arrival_s[admitted]
+            self.health.arrival_lateness_s.append(max(0.0, now - first))
         if due <= now:
             self.health.wake_lateness_s.append(now - due)
         if actions.start:

@@ -3,7 +3,8 @@
 Three kinds of SimPy event, each a plain ``Timeout`` with a callback (no process per request):
 
 * a *batch done* event per started batch, after a service time drawn from the model (from
-  its cold samples when the replica had idled long enough, see :attr:`Batch.idle_s`);
+  its cold samples when the replica had idled long enough, see :attr:`Batch.idle_s`; a model
+  with ``sample_batch_s(batch)``, a replay of measured batches, is given the batch itself);
 * a *wake-up* at the time the core asked for (the next arrival while a replica is free, or a
   policy's wake-up); a later call that asks for another time supersedes it;
 * a *replica ready* event per launched replica (autoscaling), after a cold start drawn from
@@ -36,6 +37,9 @@ class SimPyDriver:
         self.env = simpy.Environment()
         self._wake_token = 0
         self._wake_s = math.inf  # the pending wake-up
+        # a model that times each batch by more than its size and idle time (a replay of a
+        # live run's batches, per replica) offers sample_batch_s
+        self._by_batch = getattr(service, "sample_batch_s", None)
 
     def run(self, until_s: float | None = None) -> float:
         """Simulate until no event is left (or until ``until_s``); return the final simulated
@@ -57,9 +61,10 @@ class SimPyDriver:
         return float(until_s)
 
     def _apply(self, actions: CoreActions) -> None:
-        env, sample_s = self.env, self.service.sample_s
+        env, sample_s, by_batch = self.env, self.service.sample_s, self._by_batch
         for batch in actions.start:
-            service_s = sample_s(batch.items, batch.idle_s)
+            service_s = (sample_s(batch.items, batch.idle_s) if by_batch is None
+                         else by_batch(batch))
             event = env.timeout(service_s, (batch, service_s))
             event.callbacks.append(self._on_done)
         for replica in actions.launch:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,7 +256,8 @@ def tables(core: LlmCore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.
 
 def run(scenario: LlmScenario | dict[str, Any] | str | Path,
         overrides: list[str] | dict[str, Any] | None = None, *,
-        drain_timeout_s: float | None = None) -> LlmResult:
+        drain_timeout_s: float | None = None,
+        step_model: Callable[[StepModel], StepModel] | None = None) -> LlmResult:
     """Simulate an LLM scenario.
 
     Args:
@@ -263,6 +265,9 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
         overrides: Dotted-key overrides, e.g. ``{"policy.max_num_batched_tokens": 512}``.
         drain_timeout_s: Stop this long after the horizon; what is unfinished stays in flight
             (censored). None: drain every request.
+        step_model: Wraps the scenario's step-time model (given it, returns the model to
+            simulate with), e.g. a :class:`sim.scenario.step_time.ReplayStepModel` of the
+            step times a live run measured.
 
     Raises:
         ScenarioError: the scenario is invalid.
@@ -273,6 +278,8 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
     t0 = time.perf_counter()
     core = build_llm_core(scn)
     model = build_step_model(scn)
+    if step_model is not None:
+        model = step_model(model)
     horizon = horizon_s(scn, core.arrival_s)
     arrival_s = core.arrival_s
     request_s, per_token_s = overheads_s(scn)

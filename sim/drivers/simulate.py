@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from sim.scenario.build import (
     slo_s,
 )
 from sim.scenario.schema import Scenario, ScenarioError, check_run_args, load_scenario
+from sim.scenario.service import ServiceModel
 from sim.serving.records import (
     LEAN_RECORDS,
     RECORDS,
@@ -52,7 +54,8 @@ def summary_fallback(scenario: Scenario) -> str | None:
 def run(scenario: Scenario | dict[str, Any] | str | Path,
         overrides: list[str] | dict[str, Any] | None = None, *,
         service_seed: int | None = None, drain_timeout_s: float | None = None,
-        records: str | None = None) -> Result:
+        records: str | None = None,
+        service: Callable[[ServiceModel], ServiceModel] | None = None) -> Result:
     """Simulate a scenario.
 
     Args:
@@ -71,6 +74,9 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
             or 1 ns, everything else as ``summary``); None: the scenario's ``records``. Autoscaled
             runs and closed loops bounded only by ``n_requests`` keep full records either
             way (meta.json says so).
+        service: Wraps the scenario's service-time model (given it, returns the model to
+            simulate with), e.g. a :class:`sim.scenario.service.ReplayService` of the batch
+            times a live run measured, so that the simulation of that run uses them.
 
     Returns:
         The :class:`Result` (same seed: identical tables and summary).
@@ -90,8 +96,10 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
     streams = Streams.from_seed(scn.seed)
     if service_seed is not None:
         streams = dataclasses.replace(streams, service=np.random.default_rng(service_seed))
-    service = build_service(scn, streams.service)
-    core = build_core(scn, streams, service.median_s, records=kept)
+    model = build_service(scn, streams.service)
+    if service is not None:
+        model = service(model)
+    core = build_core(scn, streams, model.median_s, records=kept)
     horizon_s = planned_horizon_s(scn, core)
     until_s = None
     if drain_timeout_s is not None and math.isfinite(horizon_s + drain_timeout_s):
@@ -101,7 +109,7 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         sink = SummarySink(core, scn.warmup_s, horizon_s, slo_s(scn), has_deadlines(scn),
                            binned=kept == "sketch")
     cold = build_cold_start(scn, streams.cold_start) if core.fleet is not None else None
-    end_s = SimPyDriver(core, service, cold).run(until_s)
+    end_s = SimPyDriver(core, model, cold).run(until_s)
     counts = core.check_invariants()
     sim_wall_s = time.perf_counter() - t0
     admitted = core.source.admitted
@@ -113,7 +121,7 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         if not isinstance(table.size, Constant):  # sizes that vary (else one item each)
             columns["size"] = view(table.size, admitted)
         arrivals = pd.DataFrame(columns, copy=False)
-        window = window_for(scn, arrivals, service, end_s=stop_s)
+        window = window_for(scn, arrivals, model, end_s=stop_s)
         del arrivals
         sink.close(end_s=stop_s if math.isfinite(stop_s) else window.horizon_s)
         summary = summary_from_folds(sink.requests, sink.batches, sink.queue, window,
@@ -125,10 +133,10 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         requests = core.table.to_frame(admitted)
         batches = core.batches.to_frame()
         queue = core.queue_series.to_frame()
-        window = window_for(scn, requests, service, end_s=stop_s)
+        window = window_for(scn, requests, model, end_s=stop_s)
         fleet = fleet_tables(core)
         summary = summarize(requests, batches, queue, window, driver="sim", fleet=fleet)
-    meta = run_meta(scn, driver="sim", device={"kind": "simulated", "service": repr(service)},
+    meta = run_meta(scn, driver="sim", device={"kind": "simulated", "service": repr(model)},
                     extra={"end_s": end_s, "wall_s": sim_wall_s, "status_counts": counts,
                            "service_seed": service_seed, "drain_timeout_s": drain_timeout_s,
                            "drain_s": max(0.0, end_s - window.horizon_s),

@@ -141,6 +141,39 @@ def _service_s(scenario: Any) -> float:
     return 1e-3
 
 
+def _trace_span_s(workload: Any) -> float:
+    """Simulated seconds the trace spans (its first to its last timestamp, after
+    ``start_s`` and ``time_scale``), read from the first and last rows only; NaN where they
+    cannot be read (the run names the problem).
+    """
+    import csv
+    import io
+
+    from sim.scenario.workloads import data_path
+
+    try:
+        with data_path(workload.path).open("rb") as fh:
+            head = fh.readline().decode("utf-8", "replace")
+            first = fh.readline().decode("utf-8", "replace")
+            fh.seek(0, io.SEEK_END)
+            fh.seek(max(0, fh.tell() - 65536))
+            tail = [t for t in fh.read().decode("utf-8", "replace").splitlines() if t.strip()]
+        column = next(csv.reader([head])).index(workload.timestamp_column)
+        values = [next(csv.reader([line]))[column] for line in (first, tail[-1])]
+        try:
+            t0, t1 = (float(v) for v in values)
+        except ValueError:
+            import pandas as pd
+
+            stamps = pd.to_datetime(pd.Series(values), format="mixed")
+            t0, t1 = 0.0, float((stamps.iloc[1] - stamps.iloc[0]).total_seconds())
+    except (OSError, UserError, ValueError, TypeError, IndexError, StopIteration,
+            OverflowError):
+        return math.nan
+    span = (t1 - t0 - float(getattr(workload, "start_s", 0.0))) * float(workload.time_scale)
+    return max(span, 0.0) if math.isfinite(span) else math.nan
+
+
 def requests_and_horizon(scenario: Any) -> tuple[float, float, str]:
     """(requests, simulated seconds, the field that sets the count) of one run."""
     w = scenario.workload
@@ -151,14 +184,22 @@ def requests_and_horizon(scenario: Any) -> tuple[float, float, str]:
         count = min(n_max, rows * w.rate_scale)
         driver = "workload.n_requests" if n_max <= rows * w.rate_scale else (
             "workload.rate_scale" if w.rate_scale > 1 else "workload.path")
-        return count, math.nan, driver
+        # the simulated time: the trace's span, cut by duration_s, or by n_requests at
+        # the trace's mean rate (control ticks are priced over it)
+        span = _trace_span_s(w)
+        if rows * w.rate_scale > 0 and count < rows * w.rate_scale:
+            span *= count / (rows * w.rate_scale)
+        return count, (min(span, duration) if duration is not None else span), driver
     if w.kind == "closed":
+        # each client sends again a think time after its answer: the round trip sets both
+        # the count (by duration_s) and the simulated time (by n_requests)
         round_trip = w.think_ms / 1e3 + _service_s(scenario)
         by_time = math.inf if duration is None else \
             w.clients * duration / max(round_trip, 1e-9)
         count = min(n_max, by_time)
-        return count, duration or math.nan, ("workload.n_requests" if n_max <= by_time
-                                            else "workload.duration_s")
+        horizon = duration if duration is not None else count * round_trip / w.clients
+        return count, horizon, ("workload.n_requests" if n_max <= by_time
+                                else "workload.duration_s")
     rate = _mean_rate_rps(w)
     by_time = math.inf if duration is None else rate * duration
     if n_max <= by_time:
@@ -207,6 +248,10 @@ def estimate_run(scenario: Any, records: str | None = None) -> Estimate:
         detail = f"{requests:.3g} requests, {tokens:.3g} output tokens"
     else:
         kept = str(records or getattr(scenario, "records", "full"))
+        if getattr(scenario, "autoscaling", None) is not None or (
+                scenario.workload.kind == "closed"
+                     and getattr(scenario.workload, "duration_s", None) is None):
+            kept = "full"  # autoscaled runs and closed loops without duration_s keep all
         memory = BASE_BYTES + requests * BYTES_PER_REQUEST.get(kept, 300.0) \
             + ticks * BYTES_PER_TICK
         time_s = requests / REQUESTS_PER_S + events / EVENTS_PER_S

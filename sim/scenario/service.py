@@ -13,13 +13,16 @@ and the textbook ``constant``, ``exponential`` and ``gamma`` (independent of bat
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from calibration.profile import LatencyProfile
 from sim.errors import UserError
+
+if TYPE_CHECKING:
+    from sim.serving.dispatch import Batch
 
 _BLOCK = 8192
 
@@ -227,3 +230,67 @@ class ProfileService:
     def mean_s(self, items: int) -> float:
         """Mean from the profile."""
         return self.profile.mean_s(items)
+
+
+class ReplayService:
+    """Measured service times handed out in dispatch order: a live run's own batch times fed
+    back into the simulator, so a comparison differs from the live run only in what the
+    executor adds (timers, hand-off), not in how fast the machine happened to be.
+
+    With ``replicas`` each replica replays its own batches in its own order, so two
+    replicas that dispatch at nearly the same moment in a different order than the live run
+    still get their own times (the simulator's driver calls :meth:`sample_batch_s`).
+
+    Args:
+        durations_s: One measured time per batch, in the order the batches were dispatched.
+        model: Gives the medians and means the policies plan with, and the draws for any
+            batch past the measured ones (a simulation that dispatched more batches).
+        replicas: The replica of each measured batch (None: one sequence for all).
+    """
+
+    def __init__(self, durations_s: Sequence[float] | np.ndarray, model: ServiceModel,
+                 replicas: Sequence[int] | np.ndarray | None = None) -> None:
+        values = [float(v) for v in durations_s]
+        for i, v in enumerate(values):
+            if not (v >= 0 and math.isfinite(v)):
+                raise UserError(f"durations_s[{i}]: must be a finite time >= 0, got {v!r}")
+        owners = [0] * len(values) if replicas is None else [int(r) for r in replicas]
+        if len(owners) != len(values):
+            raise UserError(f"replicas: one per duration ({len(values)}), got {len(owners)}")
+        self.by_replica = replicas is not None
+        self._queues: dict[int, list[float]] = {}
+        for owner, value in zip(owners, values, strict=True):
+            self._queues.setdefault(owner, []).append(value)
+        self._next: dict[int, int] = dict.fromkeys(self._queues, 0)
+        self.model = model
+        self.replayed = 0  # batches given a measured time so far
+
+    def __repr__(self) -> str:
+        n = sum(len(q) for q in self._queues.values())
+        return f"ReplayService(batches={n}, by_replica={self.by_replica}, model={self.model!r})"
+
+    def _take(self, owner: int, items: int, idle_s: float) -> float:
+        queue, i = self._queues.get(owner, []), self._next.get(owner, 0)
+        if i < len(queue):
+            self._next[owner] = i + 1
+            self.replayed += 1
+            return queue[i]
+        return self.model.sample_s(items, idle_s)
+
+    def sample_s(self, items: int, idle_s: float = 0.0) -> float:
+        """The next measured time (of replica 0 with ``replicas``); past the last, a draw
+        from ``model``.
+        """
+        return self._take(0, items, idle_s)
+
+    def sample_batch_s(self, batch: Batch) -> float:
+        """The next measured time of this batch's replica (or of all, without ``replicas``)."""
+        return self._take(batch.replica if self.by_replica else 0, batch.items, batch.idle_s)
+
+    def median_s(self, items: int) -> float:
+        """The model's median."""
+        return self.model.median_s(items)
+
+    def mean_s(self, items: int) -> float:
+        """The model's mean."""
+        return self.model.mean_s(items)

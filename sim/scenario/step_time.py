@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 from calibration.step_profile import StepProfile
 from sim.serving.llm.step_model import Composition
@@ -59,3 +62,34 @@ class StepModel(Protocol):
     def step_s(self, comp: Composition) -> float:
         """Seconds one step of this composition takes."""
         ...
+
+
+class ReplayStepModel:
+    """Measured step times handed out in the order the steps start: a live run's own steps
+    fed back into the simulator (see :class:`sim.scenario.service.ReplayService`).
+
+    Args:
+        durations_s: One time per step, in start order (for a live run: from each step's
+            start to the next step's start while the engine stays busy, so the simulated
+            clock keeps the live one's pace, engine overhead between steps included).
+        model: Times the steps past the measured ones.
+    """
+
+    def __init__(self, durations_s: list[float] | np.ndarray, model: StepModel) -> None:
+        values = [float(v) for v in durations_s]
+        for i, v in enumerate(values):
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"durations_s[{i}]: must be a finite time >= 0, got {v!r}")
+        self.durations_s = values
+        self.model = model
+        self.replayed = 0  # steps given a measured time so far
+
+    def __repr__(self) -> str:
+        return f"ReplayStepModel(steps={len(self.durations_s)}, model={self.model!r})"
+
+    def step_s(self, comp: Composition) -> float:
+        """The next measured time; past the last one, the model's."""
+        if self.replayed < len(self.durations_s):
+            self.replayed += 1
+            return self.durations_s[self.replayed - 1]
+        return self.model.step_s(comp)

@@ -12,6 +12,7 @@ import sim
 from executor.lifecycle import LiveError
 from executor.live_requests import live
 from executor.testing import SleepRunner
+from sim.scenario.service import ReplayService
 
 PARITY = {
     "seed": 5,
@@ -32,15 +33,40 @@ def members(result: sim.Result) -> list[tuple[int, ...]]:
 
 
 def test_parity_same_dispatch_sequence_and_latencies_as_the_simulator() -> None:
-    simulated = sim.run(PARITY)
     measured = live(PARITY, runners=[SleepRunner(linear_s)])
+    # the simulation of this very run: the same scenario with the service time each live
+    # batch measured (a busy machine oversleeps every batch), replayed in dispatch order
+    took_s = (measured.batches.sort_values("batch_id")["finish_s"]
+              - measured.batches.sort_values("batch_id")["start_s"]).to_numpy()
+    simulated = sim.run(PARITY, service=lambda model: ReplayService(took_s, model))
     assert measured.meta["driver"] == "live" and measured.summary["driver"] == "live"
-    assert members(measured) == members(simulated)
-    lat_sim = (simulated.requests["finish_s"] - simulated.requests["arrival_s"]).to_numpy()
-    lat_live = (measured.requests["finish_s"] - measured.requests["arrival_s"]).to_numpy()
-    # live adds timer lateness and thread hand-off (well under 3 ms here) and never less
-    assert np.all(lat_live >= lat_sim - 1e-3)
-    assert np.median(lat_live - lat_sim) < 0.003
+    # a live decision is late by the loop's wake-up lateness, which this run measured; a
+    # decision may see another arrival only when it came later than the time the simulated
+    # batch had before the next arrival (8 ms here): up to there the batches must be the same
+    arrival = np.sort(simulated.requests["arrival_s"].to_numpy())
+    sim_start = simulated.batches.sort_values("batch_id")["start_s"].to_numpy()
+    margin_s = arrival[np.minimum(np.searchsorted(arrival, sim_start, side="right"),
+                                  len(arrival) - 1)] - sim_start
+    live_start = measured.batches.sort_values("batch_id")["start_s"].to_numpy()
+    n = min(len(sim_start), len(live_start))
+    late = live_start[:n] - sim_start[:n] >= margin_s[:n]
+    same = int(np.argmax(late)) if late.any() else n
+    assert members(measured)[:same] == members(simulated)[:same]
+    # the latencies of those requests differ only by how late each live decision was: never
+    # less than simulated, and at most the worst wake-up or arrival lateness the loop saw
+    # (a dispatch the executor delayed by more than it measured, or a batch time it did not
+    # count, shows here)
+    ids = [i for batch in members(simulated)[:same] for i in batch]
+    health = measured.summary["executor_health"]
+    worst_s = float(np.nanmax([health["wake_lateness_ms"]["max"],
+                               health["arrival_lateness_ms"]["max"]])) / 1e3
+    assert same == n or worst_s >= margin_s[same]  # a batch that late: the loop saw it
+    lat_sim = (simulated.requests.set_index("id").loc[ids, "finish_s"]
+               - simulated.requests.set_index("id").loc[ids, "arrival_s"]).to_numpy()
+    lat_live = (measured.requests.set_index("id").loc[ids, "finish_s"]
+                - measured.requests.set_index("id").loc[ids, "arrival_s"]).to_numpy()
+    assert np.all(lat_live >= lat_sim - 1e-9)
+    assert np.all(lat_live - lat_sim <= worst_s + 1e-9)
     pd.testing.assert_index_equal(measured.requests.columns, simulated.requests.columns)
     pd.testing.assert_index_equal(measured.batches.columns, simulated.batches.columns)
     assert set(simulated.summary) <= set(measured.summary)

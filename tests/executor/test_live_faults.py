@@ -239,13 +239,34 @@ def test_several_replicas_live_dispatch_like_the_simulator() -> None:
     simulated = sim.run(cfg)
     measured = run_guarded(cfg, [SleepRunner(linear_s), SleepRunner(linear_s)])
     assert measured.summary["ok"] == 60
-    per_replica = measured.batches.groupby("replica")["size"].sum().to_dict()
-    assert per_replica == simulated.batches.groupby("replica")["size"].sum().to_dict()
-    lat_sim = simulated.requests.sort_values("id")
-    lat_live = measured.requests.sort_values("id")
-    diff = ((lat_live["finish_s"] - lat_live["arrival_s"]).to_numpy()
-            - (lat_sim["finish_s"] - lat_sim["arrival_s"]).to_numpy())
-    assert np.median(diff) < 0.003 and diff.min() > -1e-3
+    req = measured.requests.sort_values("id")
+    # routing is the simulator's: the same requests on each replica
+    assert (req["replica"].to_numpy()
+            == simulated.requests.sort_values("id")["replica"].to_numpy()).all()
+    # Which requests batch together depends on how long each batch really took (a busy
+    # machine oversleeps), so the batches are checked against the simulator's greedy rule
+    # at the times this run measured: a replica starts a batch as soon as it is free and a
+    # request waits (never before), with the first (up to) 4 requests of its queue that had
+    # arrived by then; it is late only by how late the loop took in the batch end or the
+    # arrival that made it due, which the executor measured (a batch with other members, or
+    # started later than the executor accounts for, fails here).
+    health = measured.summary["executor_health"]
+    late_s = float(np.nanmax([health["notice_lateness_ms"]["max"],
+                              health["arrival_lateness_ms"]["max"]])) / 1e3
+    for replica, batches in measured.batches.groupby("replica"):
+        mine = req[req["replica"] == replica].sort_values("arrival_s")
+        pending = list(zip(mine["arrival_s"], mine["id"], strict=True))
+        free_s = -np.inf
+        for _, batch in batches.sort_values("start_s").iterrows():
+            start_s = float(batch["start_s"])
+            due_s = max(free_s, pending[0][0])
+            assert due_s - 1e-9 <= start_s <= due_s + late_s + 1e-9, (replica, batch)
+            arrived = [i for a, i in pending if a <= start_s][:4]
+            ids = sorted(req.loc[req["batch_id"] == batch["batch_id"], "id"])
+            assert ids == sorted(arrived), (replica, batch["batch_id"])
+            pending = pending[len(arrived):]
+            free_s = float(batch["finish_s"])
+        assert not pending
 
 
 def test_a_closed_loop_runs_live_with_each_client_waiting_for_its_answer() -> None:

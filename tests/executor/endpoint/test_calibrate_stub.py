@@ -2,11 +2,11 @@
 mode, whose step times are known: the first token 60 ms after a request arrives, then one
 every 10 ms, whatever the prompt length or the number of streams.
 
-Tolerances follow from the stub's timing: it sleeps until absolute deadlines
-(``t0 + 60 ms + i × 10 ms``), so its lateness (event-loop wake-ups, up to ~1 ms, more on a
-loaded machine) does not accumulate and cancels in the gaps; what the client adds to the
-TTFT (HTTP, JSON, its own loop) is a few ms on this machine and is what the fitted
-per-request overhead must absorb beyond the stub's 60 ms less one decode step.
+Tolerances follow from the stub's timing and from what this run measured: the stub sleeps
+until absolute deadlines (``t0 + 60 ms + i × 10 ms``), so its lateness does not accumulate
+and cancels in the gaps; the fits' own residuals give their standard errors; and what the
+client adds to the TTFT (HTTP, JSON, its own loop; more for longer prompts and on a loaded
+machine) is probed in the test against the same stub with no wait.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
-from calibration.step_profile import load_step_profile
+from calibration.step_profile import StepProfile, load_step_profile
+from executor.endpoint import probes
 from executor.endpoint.calibrate import calibrate_endpoint
 from executor.endpoint.compare_endpoint import compare_endpoint
 from tests.executor.endpoint.conftest import REPO, env, write_scenario
@@ -37,23 +39,70 @@ def profile_path(stub_url: str, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return out
 
 
-def test_calibrate_recovers_the_stubs_step_times(profile_path: Path) -> None:
+def _ols_se(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Least squares of y on the columns of x: the coefficients' standard errors and the
+    residual standard deviation, from these very points (sigma^2 (X'X)^-1)."""
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    dof = max(len(y) - x.shape[1], 1)
+    sigma2 = float(np.sum((y - x @ coef) ** 2)) / dof
+    return np.sqrt(np.diag(sigma2 * np.linalg.pinv(x.T @ x))), float(np.sqrt(sigma2))
+
+
+def _se_median(values: list[float]) -> float:
+    """Standard error of a sample median (1.2533 sigma / sqrt(n), sigma from the median
+    absolute deviation: the stalls of a busy machine do not inflate it)."""
+    v = np.asarray(values, float)
+    return float(1.2533 * 1.4826 * np.median(np.abs(v - np.median(v))) / np.sqrt(v.size))
+
+
+def test_calibrate_recovers_the_stubs_step_times(profile_path: Path, stub_url: str) -> None:
     profile = load_step_profile(profile_path)
-    over = profile.meta["overheads"]
+    over, fit = profile.meta["overheads"], profile.meta["endpoint_fit"]
     assert over["per_output_token_ms"] == 0.0  # the stub exposes no server-side ITL
-    # decode steps: one every 10 ms, at any batch and context
-    for d in profile.decode_seqs[1:]:
-        for ctx in profile.context_tokens:
-            assert profile.step_s(0, d, d * ctx) * 1e3 == pytest.approx(ITL_MS, abs=1.5)
-    # TTFT = request overhead + prefill step: 60 ms plus what the client adds, any length
-    for p in profile.prefill_tokens[1:]:
-        ttft_ms = over["request_ms"] + profile.step_s(p, 0, 0) * 1e3
-        assert TTFT_MS - 1.0 <= ttft_ms <= TTFT_MS + CLIENT_MS, (p, ttft_ms)
-    assert TTFT_MS - ITL_MS - 2.0 <= over["request_ms"] <= TTFT_MS + CLIENT_MS
-    # no growth with prompt length or batch (the stub has none)
-    fit = profile.meta["endpoint_fit"]
-    assert abs(fit["ms_per_prefill_token"]) * 1024 < 4.0
-    assert abs(fit["ms_per_decode_seq"]) * 16 < 2.0
+    # decode steps: one every 10 ms, at any batch and context. Each cell's median is a
+    # replicate of that 10 ms; how far they scatter (a busy machine stalls a whole probe run,
+    # every stream of it at once) is measured here, by the decode fit's residuals: the fitted
+    # base is 10 ms and the growth with sequences and context nil within three of the fit's
+    # standard errors (a calibration that misreads the steps, say counts the tokens between
+    # two lengths wrongly, or takes the start-up into a step, is off by several ms)
+    cells = [(d, ctx, float(np.median(profile.samples_s[StepProfile.key(0, d, ctx)])))
+             for d in profile.decode_seqs[1:] for ctx in profile.context_tokens]
+    x = np.array([[1.0, d, d * ctx] for d, ctx, _ in cells])
+    y = np.array([v for *_, v in cells]) * 1e3
+    se, _ = _ols_se(x, y)
+    assert fit["decode_base_ms"] == pytest.approx(ITL_MS, abs=3 * se[0])
+    assert abs(fit["ms_per_decode_seq"]) <= 3 * se[1] + 1e-9
+    assert abs(fit["ms_per_kv_token"]) <= 3 * se[2] + 1e-12
+    # TTFT = request overhead + prefill step: the stub's 60 ms plus what the client path and
+    # the stub's wake-up add, which grows with the prompt sent (the JSON of the token ids)
+    # and with the machine's load: a probe taken here, the same one-token requests at each
+    # prompt length, measures it; the calibration's TTFT scatters about its fit by the
+    # residual deviation (or its own samples' median error, where larger)
+    target = probes.Target(f"{stub_url}/v1/completions", MODEL, np.random.default_rng(7))
+    prefill = profile.prefill_tokens[1:]
+    path = {p: np.array(probes.prefill_ttft_s(target, p, 5)) * 1e3 - TTFT_MS for p in prefill}
+    ttft = {p: over["request_ms"] + profile.step_s(p, 0, 0) * 1e3 for p in prefill}
+    se_ttft, sigma_ms = _ols_se(np.column_stack([np.ones(len(prefill)), prefill]),
+                                np.array([ttft[p] for p in prefill]))
+    for p in prefill:
+        spread = max(sigma_ms, _se_median([v * 1e3 for v in profile.samples_s[
+            StepProfile.key(p, 0, profile.context_tokens[0])]]))
+        # never before the stub's deadline; at most the slowest path seen for that length
+        assert TTFT_MS - 3 * spread <= ttft[p] <= TTFT_MS + path[p].max() + 3 * spread, (
+            p, ttft[p], path[p])
+    # the request overhead is the TTFT intercept less one decode step: 50 ms plus the path;
+    # the growth with prompt length is the path's (the stub has none); both within three
+    # standard errors of the TTFT fit (a calibration that took the stub's 60 ms for prefill
+    # work, or the decode step for overhead, is off by 10 ms or more)
+    lowest = min(c.min() for c in path.values())
+    highest = max(c.max() for c in path.values())
+    base = TTFT_MS - fit["decode_base_ms"]
+    assert base + min(lowest, 0.0) - 3 * se_ttft[0] <= over["request_ms"] <= base + highest \
+        + 3 * se_ttft[0]
+    span = max(prefill) - min(prefill)
+    growth_ms = fit["ms_per_prefill_token"] * span
+    assert abs(growth_ms) <= highest - min(lowest, 0.0) + 3 * se_ttft[1] * span, (
+        growth_ms, path)
     mixed = profile.meta["mixed_check"]
     assert mixed["samples_s"], "the mixed probe landed no prefill among the decodes"
 
