@@ -15,6 +15,7 @@ stream chunk as ``vllm bench serve`` computes it (see :mod:`executor.endpoint.cl
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import resource
@@ -267,11 +268,22 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
     return LlmResult(scn, summary, requests, empty_steps, tokens, queue, meta)
 
 
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A fresh event loop: uvloop's when it is installed (``pip install servelab[fast]``:
+    less CPU per request, so a higher rate before the client limits it), else asyncio's.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 def _run(client: OpenLoop, handle_signals: bool) -> list[Outcome]:
     """Run the client on a fresh event loop, SIGINT/SIGTERM stopping it when asked; set its
     wall time and CPU share (its process's CPU seconds / wall seconds).
     """
-    loop = asyncio.new_event_loop()
+    loop = new_loop()
     main = threading.current_thread() is threading.main_thread()
     handled = []
     if handle_signals and main:
@@ -280,9 +292,18 @@ def _run(client: OpenLoop, handle_signals: bool) -> list[Outcome]:
             handled.append(sig)
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
+    # no garbage collection while measuring: a full collection over a run's records stops
+    # the loop for tens of ms, which every request in flight would carry as latency; the
+    # cycles made meanwhile (few: failed requests' tracebacks) are collected after the run
+    was_enabled = gc.isenabled()
+    gc.freeze()
+    gc.disable()
     try:
         outs = loop.run_until_complete(client.run())
     finally:
+        if was_enabled:
+            gc.enable()
+        gc.unfreeze()
         for sig in handled:
             loop.remove_signal_handler(sig)
         loop.close()

@@ -28,7 +28,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from calibration.model_runners import load_corpus
@@ -42,7 +41,7 @@ from executor.endpoint.request_client import (
     json_body,
     kserve_body,
     request_path,
-    send_request,
+    request_sender,
 )
 from executor.endpoint.server_info import EndpointError
 from sim.metrics.rundir import versions
@@ -66,16 +65,10 @@ def _bursts(url: str, api: str, payload: PayloadCfg, plan: Sequence[tuple[float,
             owner.append(k)
     bodies = [kserve_body(payload, j, rng, corpus) if api == "kserve-v2" else
               json_body(payload, j, rng, corpus) for j in jobs]
-    kserve = api == "kserve-v2"
-
-    async def sender(session: aiohttp.ClientSession, u: str, body: dict[str, Any], job: Job,
-                     out: Outcome, t0: float, _chat: bool, limit_s: float | None) -> None:
-        await send_request(session, u, body, job, out, t0, kserve, limit_s)
-
+    make_body, sender = request_sender(dict(enumerate(bodies)), api == "kserve-v2")
     end = (plan[-1][0] if plan else 0.0) + timeout_s
     client = OpenLoop(url, api, payload.model or "", jobs, deadline_s=end,
-                      request_timeout_s=timeout_s, make_body=lambda j: bodies[j.index],
-                      sender=sender)
+                      request_timeout_s=timeout_s, make_body=make_body, sender=sender)
     outs = _run(client, handle_signals=False)
     grouped: list[list[Outcome]] = [[] for _ in plan]
     for out in outs:
