@@ -109,12 +109,12 @@ def _row(req: Any, summary: dict[str, Any], meta: dict[str, Any], rate: float,
             "matched": int(np.isfinite(server_s).sum())}
 
 
-def llm_point(url: str, rate: float, duration_s: float, tokens: int, tmp: Path
-              ) -> dict[str, float]:
+def llm_point(url: str, rate: float, duration_s: float, tokens: int, tmp: Path,
+              spin_s: float = 0.001) -> dict[str, float]:
     """One streamed run at ``rate`` requests/s."""
     path = llm_scenario(tmp / "s.yaml", rate, duration_s, tokens)
     stub_log(url)  # empty it (the preflight's request)
-    result = bench(path, url, model="instant", drain_timeout_s=5.0)
+    result = bench(path, url, model="instant", drain_timeout_s=5.0, spin_s=spin_s)
     own = stub_log(url)
     scn = load_llm_scenario(path)
     schedule, prompt, output = llm_schedule(scn)
@@ -137,17 +137,17 @@ def v2_point(url: str, rate: float, duration_s: float, tmp: Path) -> dict[str, f
     return _row(req, result.summary, result.meta, rate, server_s, 0)
 
 
-def _table(title: str, rows: list[dict[str, float]], rates: list[float]) -> list[str]:
-    lines = [f"### {title}", "", "| offered req/s | ok / sent | " + " | ".join(KEYS) + " |",
-             "|---|---|" + "---|" * len(KEYS)]
-    for rate in rates:
-        mine = [r for r in rows if r["rate_rps"] == rate]
+def _table(title: str, rows: list[dict[str, float]]) -> list[str]:
+    lines = [f"### {title}", "", "| offered req/s | spin ms | ok / sent | " + " | ".join(KEYS)
+             + " |", "|---|---|---|" + "---|" * len(KEYS)]
+    for rate, spin in sorted({(r["rate_rps"], r.get("spin_ms", 1.0)) for r in rows}):
+        mine = [r for r in rows if r["rate_rps"] == rate and r.get("spin_ms", 1.0) == spin]
         cells = []
         for k in KEYS:
             v = np.array([r[k] for r in mine])
             cells.append(f"{np.median(v):.3g} [{v.min():.3g}–{v.max():.3g}]")
         okc = f"{sum(r['ok'] for r in mine)} / {sum(r['requests'] for r in mine)}"
-        lines.append(f"| {rate:g} | {okc} | " + " | ".join(cells) + " |")
+        lines.append(f"| {rate:g} | {spin:g} | {okc} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
@@ -158,10 +158,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--duration-s", type=float, default=3.0)
     ap.add_argument("--output-tokens", type=int, default=8)
+    ap.add_argument("--spin-ms", default="1",
+                    help="the client's busy wait before each send; several: compared")
     ap.add_argument("--note", default="", help="how the run was made (e.g. under fgrun)")
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",") if r]
     v2_rates = [float(r) for r in args.v2_rates.split(",") if r]
+    spins = [float(v) for v in args.spin_ms.split(",")]
     # SIGTERM ends the run through the finally below, so the stub does not outlive it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     port = free_port()
@@ -177,8 +180,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for rep in range(args.repeats):  # repeats interleaved: drift spreads over rates
                 for rate in rates:
-                    row = llm_point(url, rate, args.duration_s, args.output_tokens, Path(tmp))
-                    llm_rows.append({**row, "repeat": rep})
+                    for spin in spins:
+                        row = llm_point(url, rate, args.duration_s, args.output_tokens,
+                                        Path(tmp), spin / 1e3)
+                        llm_rows.append({**row, "repeat": rep, "spin_ms": spin})
                     print("llm", json.dumps({k: round(v, 3) for k, v in row.items()}),
                           flush=True)
                 for rate in v2_rates:
@@ -204,9 +209,9 @@ def main() -> None:
              "prompt / request id); lag = send lag.", ""]
     if llm_rows:
         lines += _table(f"Streamed (openai-completions, {args.output_tokens} output tokens, "
-                        "one SSE chunk each)", llm_rows, rates)
+                        "one SSE chunk each)", llm_rows)
     if v2_rows:
-        lines += _table("Request-level (kserve-v2, one item per request)", v2_rows, v2_rates)
+        lines += _table("Request-level (kserve-v2, one item per request)", v2_rows)
     text = "\n".join(lines)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)

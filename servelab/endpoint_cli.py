@@ -173,6 +173,14 @@ def calibrate_endpoint_cmd(endpoint: str, model: str | None, out: Path, budget_s
     except USER_ERRORS as exc:
         fail(str(exc))
         return
+    partial = meta.get("partial")
+    if partial:
+        console.print(f"[yellow]interrupted — partial profile[/] ({partial['stopped_by']}): "
+                      f"{partial['prefill_points']} of {partial['planned_prefill_points']} "
+                      f"prefill and {partial['decode_points']} of "
+                      f"{partial['planned_decode_points']} decode points measured")
+        if "overheads" not in meta:
+            return
     over = meta["overheads"]
     console.print(f"overheads: {over['request_ms']:.2f} ms per request, "
                   f"{over['per_output_token_ms']:.3f} ms per output token; probing took "

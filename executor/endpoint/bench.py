@@ -182,7 +182,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
           model: str | None = None, overrides: list[str] | dict[str, Any] | None = None,
           max_concurrency: int | None = None, drain_timeout_s: float | None = None,
           request_timeout_s: float | None = None, token_ids: tuple[int, int] = (10, 250),
-          handle_signals: bool = False,
+          handle_signals: bool = False, spin_s: float = 0.001,
           on_done: Callable[[Outcome], None] | None = None,
           on_client: Callable[[OpenLoop], None] | None = None) -> LlmResult:
     """Measure ``endpoint`` on an LLM scenario's schedule.
@@ -199,6 +199,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
         request_timeout_s: Fail a request not complete after this long (cause ``timeout``).
         token_ids: Prompt token ids are drawn from ``[lo, hi)``.
         handle_signals: SIGINT and SIGTERM stop the run; what was measured is kept.
+        spin_s: The client's busy wait before each send (:class:`OpenLoop`'s ``spin_s``).
         on_done: Called after each request (the progress bar).
         on_client: Called with the client before it starts (tests stop runs with it).
 
@@ -232,7 +233,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
     horizon = horizon_s(scn, schedule.arrival_s)
     client = OpenLoop(url, api, model, jobs, deadline_s=horizon + drain,
                       max_concurrency=max_concurrency, request_timeout_s=request_timeout_s,
-                      on_done=on_done)
+                      on_done=on_done, spin_s=spin_s)
     if on_client is not None:
         on_client(client)
     outs = _run(client, handle_signals)
@@ -279,11 +280,13 @@ def new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-def _run(client: OpenLoop, handle_signals: bool) -> list[Outcome]:
-    """Run the client on a fresh event loop, SIGINT/SIGTERM stopping it when asked; set its
-    wall time and CPU share (its process's CPU seconds / wall seconds).
+def _run(client: OpenLoop, handle_signals: bool,
+         loop: asyncio.AbstractEventLoop | None = None) -> list[Outcome]:
+    """Run the client on ``loop`` (default: a fresh one; closed after), SIGINT/SIGTERM
+    stopping it when asked; set its wall time and CPU share (its process's CPU seconds /
+    wall seconds).
     """
-    loop = new_loop()
+    loop = loop or new_loop()
     main = threading.current_thread() is threading.main_thread()
     handled = []
     if handle_signals and main:

@@ -256,6 +256,9 @@ class OpenLoop:
         sender: Sends one request, ``sender(pool, request, job, out, t0, chat, timeout_s)``
             (default: :func:`send`, SSE streams; request-level APIs wrap
             :func:`executor.endpoint.request_client.send_request`).
+        spin_s: How long before a send the client stops sleeping and yields in a busy loop
+            instead (sub-ms send times at the cost of a busy core); 0: never spin (sends
+            up to the timers' 1 ms grain late, and the client's core stays free).
     """
 
     url: str
@@ -269,6 +272,7 @@ class OpenLoop:
     on_done: Callable[[Outcome], None] | None = None
     make_body: Callable[[Job], bytes] | None = None
     sender: Callable[..., Awaitable[None]] | None = None
+    spin_s: float = 0.001
     outcomes: list[Outcome] = field(default_factory=list)
     stopped_at_s: float | None = None
     end_s: float = 0.0
@@ -277,16 +281,22 @@ class OpenLoop:
     cpu_share: float = float("nan")
 
     def stop(self) -> None:
-        """Stop sending; cancel what is in flight (kept as in flight)."""
+        """Stop sending; cancel what is in flight (kept as in flight). Before the run has
+        started, the run stops at once.
+        """
         if self.stopped_at_s is None:
-            self.stopped_at_s = time.perf_counter() - self.t0
-            self._stop.set()
+            self.stopped_at_s = time.perf_counter() - self.t0 if self.t0 else 0.0
+            stop = getattr(self, "_stop", None)
+            if stop is not None:
+                stop.set()
 
     async def run(self) -> list[Outcome]:
         """Send every job on time (or until stopped or the deadline); return the outcomes of
         the jobs that were sent.
         """
         self._stop = asyncio.Event()
+        if self.stopped_at_s is not None:  # stopped before it started
+            self._stop.set()
         limit = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
         chat = self.api == "openai-chat"
         tasks: set[asyncio.Task[None]] = set()
@@ -296,6 +306,7 @@ class OpenLoop:
                 payload(self.api, self.model, j, self.extra_body)).encode())
             bodies = [pool.request(make(j)) for j in self.jobs]
             post = self.sender if self.sender is not None else send
+            spin = self.spin_s
             self.t0 = t0 = time.perf_counter()
 
             async def one(job: Job, body: bytes, out: Outcome) -> None:
@@ -311,11 +322,12 @@ class OpenLoop:
             for job, body in zip(self.jobs, bodies, strict=True):
                 if job.scheduled_s >= self.deadline_s:
                     break
-                # the loop's timers wake up to 1 ms late (epoll rounds its timeout up): nap
-                # until 1 ms before, then yield to the other tasks until the time comes
+                # the loop's timers have a 1 ms grain (epoll's and libuv's timeouts): nap
+                # until spin_s before, then yield to the other tasks until the time comes
                 wait = job.scheduled_s - (time.perf_counter() - t0)
                 while wait > 0 and not self._stop.is_set():  # short naps: a stop is seen
-                    await asyncio.sleep(min(wait - 0.001, 0.1) if wait > 0.001 else 0)
+                    await asyncio.sleep(min(max(wait - spin, 0.001), 0.1) if wait > spin
+                                        else 0)
                     wait = job.scheduled_s - (time.perf_counter() - t0)
                 if self._stop.is_set():
                     break
