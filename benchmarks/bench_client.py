@@ -27,9 +27,11 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from executor.endpoint.bench import bench, make_jobs  # noqa: E402
+from executor.endpoint.client import payload  # noqa: E402
+from executor.endpoint.http1 import Pool  # noqa: E402
 from executor.endpoint.request_bench import bench_requests  # noqa: E402
 from executor.endpoint.servers import free_port  # noqa: E402
 from sim.drivers.llm_simulate import llm_schedule  # noqa: E402
@@ -137,6 +141,58 @@ def v2_point(url: str, rate: float, duration_s: float, tmp: Path) -> dict[str, f
     return _row(req, result.summary, result.meta, rate, server_s, 0)
 
 
+def floor_point(url: str, rate: float, duration_s: float, tokens: int, tmp: Path
+                ) -> dict[str, float]:
+    """The machine's floor: the same requests at the same rate from the plainest client
+    Python has (one blocking socket, one request at a time, a busy wait for each send time,
+    the answer read until its last chunk), measured as the client is. What ``servelab
+    bench`` adds beyond this row is the client's own cost; the rest is the machine's (the
+    loopback, the scheduler, the stub).
+    """
+    path = llm_scenario(tmp / "f.yaml", rate, duration_s, tokens)
+    scn = load_llm_scenario(path)
+    schedule, prompt, output = llm_schedule(scn)
+    jobs = make_jobs(schedule.arrival_s, prompt, output, "openai-completions", scn.seed,
+                     (10, 250))
+    pool = Pool(f"{url}/v1/completions")
+    requests = [pool.request(json.dumps(payload("openai-completions", "instant", j, None))
+                             .encode()) for j in jobs]
+    stub_log(url)
+    sock = socket.create_connection((pool.host, pool.port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sent = np.full(len(jobs), np.nan)
+    done = np.full(len(jobs), np.nan)
+    clock = time.perf_counter
+    t0 = clock()
+    try:
+        for k, (job, request) in enumerate(zip(jobs, requests, strict=True)):
+            while clock() - t0 < job.scheduled_s:
+                pass
+            sent[k] = clock() - t0
+            sock.sendall(request)
+            buf = b""
+            while not buf.endswith(b"0\r\n\r\n"):
+                buf += sock.recv(65536)
+            done[k] = clock() - t0
+    finally:
+        sock.close()
+    own = stub_log(url)
+    server_s = np.array([own.get(hash(tuple(j.prompt)), np.nan) for j in jobs])
+    added = (done - sent - server_s) * 1e3
+    lag = (sent - np.array([j.scheduled_s for j in jobs])) * 1e3
+    return {"rate_rps": rate, "requests": len(jobs), "ok": len(jobs),
+            "sent_rps": (len(jobs) - 1) / float(sent[-1] - sent[0]),
+            "completed_rps": len(jobs) / float(done[-1] - sent[0]),
+            "token_events_per_s": len(jobs) * tokens / float(done[-1] - sent[0]),
+            "added_p50_ms": float(np.nanpercentile(added, 50)),
+            "added_p99_ms": float(np.nanpercentile(added, 99)),
+            "e2e_p99_ms": float(np.nanpercentile((done - sent) * 1e3, 99)),
+            "lag_p50_ms": float(np.percentile(lag, 50)),
+            "lag_p99_ms": float(np.percentile(lag, 99)),
+            "cpu_share": float("nan"), "cpu_ms_per_request": float("nan"),
+            "matched": int(np.isfinite(server_s).sum())}
+
+
 def _table(title: str, rows: list[dict[str, float]]) -> list[str]:
     lines = [f"### {title}", "", "| offered req/s | spin ms | ok / sent | " + " | ".join(KEYS)
              + " |", "|---|---|---|" + "---|" * len(KEYS)]
@@ -158,6 +214,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--duration-s", type=float, default=3.0)
     ap.add_argument("--output-tokens", type=int, default=8)
+    ap.add_argument("--floor-rates", default="2000",
+                    help="rates for the floor: a blocking one-socket client (see floor_point)")
     ap.add_argument("--spin-ms", default="1",
                     help="the client's busy wait before each send; several: compared")
     ap.add_argument("--note", default="", help="how the run was made (e.g. under fgrun)")
@@ -165,6 +223,7 @@ def main() -> None:
     rates = [float(r) for r in args.rates.split(",") if r]
     v2_rates = [float(r) for r in args.v2_rates.split(",") if r]
     spins = [float(v) for v in args.spin_ms.split(",")]
+    floor_rates = [float(r) for r in args.floor_rates.split(",") if r]
     # SIGTERM ends the run through the finally below, so the stub does not outlive it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     port = free_port()
@@ -176,6 +235,7 @@ def main() -> None:
     assert stub.stdout.readline().strip() == "ready"
     llm_rows: list[dict[str, float]] = []
     v2_rows: list[dict[str, float]] = []
+    floor_rows: list[dict[str, float]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for rep in range(args.repeats):  # repeats interleaved: drift spreads over rates
@@ -185,6 +245,11 @@ def main() -> None:
                                         Path(tmp), spin / 1e3)
                         llm_rows.append({**row, "repeat": rep, "spin_ms": spin})
                     print("llm", json.dumps({k: round(v, 3) for k, v in row.items()}),
+                          flush=True)
+                for rate in floor_rates:
+                    row = floor_point(url, rate, args.duration_s, args.output_tokens, Path(tmp))
+                    floor_rows.append({**row, "repeat": rep})
+                    print("floor", json.dumps({k: round(v, 3) for k, v in row.items()}),
                           flush=True)
                 for rate in v2_rates:
                     row = v2_point(url, rate, args.duration_s, Path(tmp))
@@ -210,6 +275,9 @@ def main() -> None:
     if llm_rows:
         lines += _table(f"Streamed (openai-completions, {args.output_tokens} output tokens, "
                         "one SSE chunk each)", llm_rows)
+    if floor_rows:
+        lines += _table("Floor: the plainest client (one blocking socket, busy-wait sends, "
+                        "one request at a time), same requests and stub", floor_rows)
     if v2_rows:
         lines += _table("Request-level (kserve-v2, one item per request)", v2_rows)
     text = "\n".join(lines)
@@ -217,8 +285,9 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench_client.md").write_text(text)
     (RESULTS / "bench_client.json").write_text(json.dumps(
-        {"llm": llm_rows, "v2": v2_rows, "versions": versions(), "host": platform.node(),
-         "cpus": os.cpu_count(), "loop": loop, "note": args.note}, indent=1))
+        {"llm": llm_rows, "v2": v2_rows, "floor": floor_rows, "versions": versions(),
+         "host": platform.node(), "cpus": os.cpu_count(), "loop": loop,
+         "note": args.note}, indent=1))
 
 
 if __name__ == "__main__":

@@ -138,6 +138,10 @@ def _report(result: Any, out: Path | None, quiet: bool, *, tail: str | None = No
         first = result.requests[result.requests["reason"] == cause]["error"].iloc[0]
         err_console.print(f"[bold yellow]failed ({cause}):[/] {count} requests, e.g. {first}",
                           highlight=False, soft_wrap=True)
+    if client.get("prompt_token_mismatches"):
+        err_console.print(f"[bold yellow]warning:[/] {client['prompt_token_mismatches']} "
+                          "requests' usage.prompt_tokens differ from the scenario's prompt "
+                          "length (requests.parquet: server_prompt_tokens)")
     if client["send_lag_flagged"]:
         err_console.print(f"[bold yellow]warning:[/] send lag p99 "
                           f"{client['send_lag_ms']['p99']:.1f} ms > "

@@ -12,6 +12,10 @@ every chunk as vLLM's ``continuous_usage_stats`` does. The model name chooses a 
 * ``few`` / ``many``: one token fewer / more than asked, then ``[DONE]``;
 * ``slow:SECONDS``: sends the headers, then waits that long before the first token.
 
+Its usage counts a completion's token-id prompt as its length, and a chat prompt as
+:data:`CHAT_TEMPLATE_TOKENS` plus one token per whitespace-separated word of the messages (a
+stand-in for a chat template and a tokenizer). ``"stream": false`` gets one JSON answer.
+
 Run it with ``python -m executor.endpoint.stub --port N``; it prints ``ready`` when serving.
 It also answers ``/health``, ``/v1/models`` and a ``/metrics`` page in vLLM's format, and
 the request-level routes of :mod:`executor.endpoint.stub_v2` (KServe v2, plain JSON).
@@ -31,6 +35,7 @@ from aiohttp import web
 from executor.endpoint.stub_v2 import add_routes as add_v2_routes
 
 ERROR_CYCLE = (200, 500, 429, 503)
+CHAT_TEMPLATE_TOKENS = 7  # the stub's chat "template": what vLLM's would add around a message
 METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",enable_prefix_caching="False",num_gpu_blocks="1024"} 1.0
@@ -65,7 +70,19 @@ class Stub:
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         prompt = body.get("prompt") if not chat else body.get("messages")
         prompt_tokens = len(prompt) if isinstance(prompt, list) and not chat else 1
+        if chat:  # a chat template of CHAT_TEMPLATE_TOKENS, one token per word of the text
+            prompt_tokens = CHAT_TEMPLATE_TOKENS + sum(
+                len(str(m.get("content", "")).split()) for m in prompt or []
+                if isinstance(m, dict))
         self.counts[model] += 1
+        if body.get("stream") is False:  # one JSON answer, with usage
+            return web.json_response({
+                "id": "cmpl-stub", "object": "chat.completion" if chat else "text_completion",
+                "model": model, "choices": [{"index": 0, "finish_reason": "length", **(
+                    {"message": {"role": "assistant", "content": "t0"}} if chat else
+                    {"text": "t0"})}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                          "total_tokens": prompt_tokens + n}})
         if mode == "errors":
             status = ERROR_CYCLE[(self.counts[model] - 1) % len(ERROR_CYCLE)]
             if status != 200:

@@ -12,6 +12,7 @@ per-request overhead must absorb beyond the stub's 60 ms less one decode step.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 from calibration.step_profile import load_step_profile
 from executor.endpoint.calibrate import calibrate_endpoint
 from executor.endpoint.compare_endpoint import compare_endpoint
-from tests.executor.endpoint.conftest import REPO, env, write_scenario
+from tests.executor.endpoint.conftest import REPO, env, signal_mid_run, write_scenario
 
 TTFT_MS, ITL_MS = 60.0, 10.0
 MODEL = f"timed:{TTFT_MS:g}:{ITL_MS:g}"
@@ -128,3 +129,41 @@ def test_compare_endpoint_needs_a_profile(stub_url: str, tmp_path: Path) -> None
     _one_line_error(_cli("compare", str(scenario), "--endpoint", stub_url, "--profile",
                          str(tmp_path / "none.json"), "--out", str(tmp_path / "o")),
                     "--profile", "none.json")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_calibrate_writes_the_points_measured(stub_url: str, tmp_path: Path,
+                                                              sig: signal.Signals) -> None:
+    out = tmp_path / "p.json"
+    # stopped during the decode probes, after the second decode point came
+    proc, text = signal_mid_run(
+        ["calibrate", "--endpoint", stub_url, "--model", MODEL, "--reps", "3", "--budget-s",
+         "120", "--out", str(out)], "plan", sig, after="decode   2 seqs", wait_s=0.3,
+        stream="stdout")
+    assert proc.returncode == 0, text
+    assert "Traceback" not in text and "interrupted — partial profile" in text, text
+    profile = load_step_profile(out)
+    partial = profile.meta["partial"]
+    assert partial["stopped_by"] == sig.name
+    assert partial["prefill_points"] == partial["planned_prefill_points"]
+    assert 2 <= partial["decode_points"] < partial["planned_decode_points"]
+    assert profile.decode_seqs[:3] == [0, 1, 2]
+    # what was measured is the stub's: one decode step every 10 ms
+    assert profile.step_s(0, 2, 2 * profile.context_tokens[0]) * 1e3 == pytest.approx(
+        ITL_MS, abs=1.5)
+    fragment = yaml.safe_load(out.with_suffix(".scenario.yaml").read_text())
+    assert fragment["service"]["kind"] == "llm_profile"
+
+
+def test_a_signal_before_enough_points_keeps_the_samples(stub_url: str,
+                                                         tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    proc, text = signal_mid_run(
+        ["calibrate", "--endpoint", stub_url, "--model", MODEL, "--reps", "3", "--budget-s",
+         "120", "--out", str(out)], "plan", signal.SIGINT, wait_s=0.0, stream="stdout")
+    assert proc.returncode == 0, text
+    assert "Traceback" not in text and "not a usable profile" in text, text
+    assert not out.exists()
+    raw = json.loads(out.with_suffix(".partial.json").read_text())
+    assert raw["partial"]["stopped_by"] == "SIGINT"
+    assert raw["partial"]["decode_points"] == 0
