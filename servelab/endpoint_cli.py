@@ -195,14 +195,30 @@ def compare_endpoint_cmd(scenario: str, endpoint: str, profile: Path | None, out
                          repeats: int, set_: list[str] | None, probe: str,
                          drain_timeout_s: float | None, rhos: list[float],
                          table: Any) -> None:
-    """``servelab compare SCENARIO --endpoint URL``: predict, bench, compare."""
-    from executor.endpoint.compare_endpoint import compare_endpoint
+    """``servelab compare SCENARIO --endpoint URL [--sweep R1,R2,...]``: predict, bench,
+    compare (at each target load with ``--sweep``).
+    """
+    from executor.endpoint.compare_endpoint import compare_endpoint, sweep_endpoint
 
     cli = _cli()
     fail, USER_ERRORS, console = cli.fail, cli.USER_ERRORS, cli.console  # noqa: N806
     if rhos:
-        fail("--sweep with --endpoint: not supported yet; run compare once per load "
-             "(--set workload.rate_rps=...)")
+        from servelab.cli_live import LLM_FIDELITY_KEYS, _fidelity_table
+
+        try:
+            frame = sweep_endpoint(scenario, endpoint, out, rhos, profile=profile,
+                                   repeats=repeats, overrides=set_ or None, probe_mode=probe,
+                                   drain_timeout_s=drain_timeout_s,
+                                   progress=lambda m: console.print(f"[dim]{m}[/]"))
+        except USER_ERRORS as exc:
+            fail(str(exc))
+            return
+        console.print(_fidelity_table(frame, LLM_FIDELITY_KEYS))
+        console.print(f"capacity {frame['capacity_rps'].iloc[0]:.3g} req/s on the calibrated "
+                      "profile; rho = offered rate / capacity; one compare.json per point in "
+                      f"{out}/rho-R/")
+        console.print(f"fidelity curve: {out / 'fidelity.csv'}")
+        return
     try:
         data = compare_endpoint(scenario, endpoint, out, profile=profile, repeats=repeats,
                                 overrides=set_ or None, probe_mode=probe,

@@ -167,3 +167,30 @@ def test_a_signal_before_enough_points_keeps_the_samples(stub_url: str,
     raw = json.loads(out.with_suffix(".partial.json").read_text())
     assert raw["partial"]["stopped_by"] == "SIGINT"
     assert raw["partial"]["decode_points"] == 0
+
+
+def test_compare_endpoint_sweep_writes_one_comparison_per_load(
+        stub_url: str, profile_path: Path, tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path / "sw.yaml", kind="poisson", rate_rps=8,
+                              n_requests=16, prompt_tokens=40, output_tokens=16)
+    out = tmp_path / "sweep"
+    proc = _cli("compare", str(scenario), "--endpoint", stub_url, "--profile",
+                str(profile_path), "--sweep", "0.3,0.6", "--repeats", "1", "--probe", "off",
+                "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "fidelity curve" in proc.stdout and "Traceback" not in proc.stderr
+    offered = {}
+    for rho in ("0.3", "0.6"):
+        data = json.loads((out / f"rho-{rho}" / "compare.json").read_text())
+        assert data["driver"] == "bench" and data["model"] == MODEL
+        assert (out / f"rho-{rho}" / "bench-1" / "requests.parquet").is_file()
+        offered[rho] = data["offered_rps"]
+    assert offered["0.6"] == pytest.approx(2 * offered["0.3"], rel=0.35)  # 16 requests each
+    curve = json.loads((out / "fidelity.json").read_text())
+    assert {r["target_rho"] for r in curve["rows"]} == {0.3, 0.6}
+    assert curve["capacity_rps"] > 0
+    rate = {r["target_rho"]: r["rate_rps"] for r in curve["rows"]}
+    assert rate[0.6] == pytest.approx(2 * rate[0.3])
+    bad = _cli("compare", str(scenario), "--endpoint", stub_url, "--profile",
+               str(profile_path), "--sweep", "2", "--out", str(tmp_path / "bad"))
+    _one_line_error(bad, "--sweep rho=2: must lie in (0, 1.5)")
