@@ -192,7 +192,7 @@ def test_calibrate_endpoint_signal_keeps_the_bursts_done(stub_url: str, tmp_path
     assert proc.returncode == 0, text
     assert "Traceback" not in text and "interrupted — partial profile" in text, text
     profile = json.loads(out.read_text())
-    partial = profile["meta"]["endpoint"]["partial"]
+    partial = profile["endpoint"]["partial"]
     assert partial["stopped_by"] == sig.name
     assert 0 < partial["bursts_done"] < partial["bursts_planned"] == 90
     counts = {int(n): len(v) for n, v in profile["samples_s"].items()}
