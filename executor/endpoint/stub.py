@@ -1,10 +1,11 @@
-"""A small OpenAI-compatible streaming server for tests and the client-overhead benchmark.
+"""A small OpenAI-compatible streaming server for the tests (the client-overhead benchmark
+uses its lean twin, :mod:`executor.endpoint.stub_lean`).
 
 It streams exactly the tokens asked for (``max_tokens``), one SSE chunk each, with usage on
 every chunk as vLLM's ``continuous_usage_stats`` does. The model name chooses a behaviour,
 ``MODE[:A[:B]][#tag]`` (the tag only keeps counters apart):
 
-* ``instant``: every token at once (the overhead benchmark);
+* ``instant``: every token at once;
 * ``timed:TTFT_MS:ITL_MS``: the first token TTFT_MS after the request, then one every ITL_MS;
 * ``errors``: answers 200, 500, 429, 503, 200, … in turn (a counter per model name);
 * ``cut``: closes the connection after half the tokens;
