@@ -11,8 +11,8 @@ server's own time for that request (the stub stamps when it read the request's l
 when it wrote the answer, on the same monotonic clock), so it holds the client's send and
 receive paths and the loopback; ``lag`` is the send lag (start of the send minus the
 scheduled time). ``cpu_ms_per_request``: the client process's CPU time per request (at rates
-below the ceiling the scheduler's wait spins, so this overstates the cost there; the highest
-rate, where the client is always behind, gives the real cost).
+below the ceiling a busy wait before each send (``--spin-ms`` above 0) makes this overstate the
+cost; without it, or at the highest rate, it is the real cost).
 
 Target on the development machine: >= 2,000 streamed requests/s and <= 1 ms added at p99.
 
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from executor.endpoint.bench import bench, make_jobs  # noqa: E402
-from executor.endpoint.client import payload  # noqa: E402
+from executor.endpoint.client import OpenLoop, payload  # noqa: E402
 from executor.endpoint.http1 import Pool  # noqa: E402
 from executor.endpoint.request_bench import bench_requests  # noqa: E402
 from executor.endpoint.servers import free_port  # noqa: E402
@@ -114,7 +114,7 @@ def _row(req: Any, summary: dict[str, Any], meta: dict[str, Any], rate: float,
 
 
 def llm_point(url: str, rate: float, duration_s: float, tokens: int, tmp: Path,
-              spin_s: float = 0.001) -> dict[str, float]:
+              spin_s: float = 0.0) -> dict[str, float]:
     """One streamed run at ``rate`` requests/s."""
     path = llm_scenario(tmp / "s.yaml", rate, duration_s, tokens)
     stub_log(url)  # empty it (the preflight's request)
@@ -138,7 +138,8 @@ def v2_point(url: str, rate: float, duration_s: float, tmp: Path) -> dict[str, f
     own = stub_log(url)
     req = result.requests
     server_s = np.array([own.get(int(i), np.nan) for i in req["id"]])
-    return _row(req, result.summary, result.meta, rate, server_s, 0)
+    row = _row(req, result.summary, result.meta, rate, server_s, 0)
+    return {**row, "spin_ms": OpenLoop.spin_s * 1e3}  # bench_requests: the client's default
 
 
 def floor_point(url: str, rate: float, duration_s: float, tokens: int, tmp: Path
@@ -216,7 +217,7 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=8)
     ap.add_argument("--floor-rates", default="2000",
                     help="rates for the floor: a blocking one-socket client (see floor_point)")
-    ap.add_argument("--spin-ms", default="1",
+    ap.add_argument("--spin-ms", default="0",
                     help="the client's busy wait before each send; several: compared")
     ap.add_argument("--note", default="", help="how the run was made (e.g. under fgrun)")
     args = ap.parse_args()
@@ -248,7 +249,7 @@ def main() -> None:
                           flush=True)
                 for rate in floor_rates:
                     row = floor_point(url, rate, args.duration_s, args.output_tokens, Path(tmp))
-                    floor_rows.append({**row, "repeat": rep})
+                    floor_rows.append({**row, "repeat": rep, "spin_ms": float("inf")})
                     print("floor", json.dumps({k: round(v, 3) for k, v in row.items()}),
                           flush=True)
                 for rate in v2_rates:

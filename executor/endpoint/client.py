@@ -257,8 +257,11 @@ class OpenLoop:
             (default: :func:`send`, SSE streams; request-level APIs wrap
             :func:`executor.endpoint.request_client.send_request`).
         spin_s: How long before a send the client stops sleeping and yields in a busy loop
-            instead (sub-ms send times at the cost of a busy core); 0: never spin (sends
-            up to the timers' 1 ms grain late, and the client's core stays free).
+            instead (sub-ms send times at the cost of a busy core). Default 0: never spin;
+            sends leave up to the timers' 1 ms grain late (recorded as send lag), the core
+            stays free for the server, and the latency the client adds is lower: a busy
+            core is preempted by whatever else runs (benchmarks/results/bench_client.md:
+            p99 added 0.7 ms without the spin, 2.2 ms with it, at 2,000 streamed req/s).
     """
 
     url: str
@@ -272,7 +275,7 @@ class OpenLoop:
     on_done: Callable[[Outcome], None] | None = None
     make_body: Callable[[Job], bytes] | None = None
     sender: Callable[..., Awaitable[None]] | None = None
-    spin_s: float = 0.001
+    spin_s: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
     stopped_at_s: float | None = None
     end_s: float = 0.0
