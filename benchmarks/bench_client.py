@@ -1,15 +1,22 @@
-"""Client-overhead benchmark of ``servelab bench``: how many streamed requests and token events
-per second the open-loop client sustains, and how much latency it adds, against the local stub
-(:mod:`executor.endpoint.stub`, mode ``instant``: every token at once) in its own process.
+"""Client-overhead benchmark of ``servelab bench``: how many requests and token events per
+second the open-loop client sustains, and how much latency it adds, against a server that
+answers instantly (:mod:`executor.endpoint.stub_lean`, in its own process), for LLM streams
+(``--api openai-completions``) and request-level answers (``--api kserve-v2``).
 
-Each point is a constant-rate schedule; "sustained" means every request was sent and finished
-ok and the send lag stayed bounded. E2E against the instant stub is an upper bound on the
-latency the client adds (the stub's own handling and the loopback are in it too).
-Target on the development machine: >= 2,000 streamed requests/s, <= 1 ms added at p99.
-``cpu_ms_per_request`` (the client's CPU time per request) gives the rate one free core
-would sustain (1000 / it), whatever else the machine is running.
+Each point is a constant-rate schedule run through the very functions ``servelab bench``
+calls (:func:`executor.endpoint.bench.bench`, :func:`executor.endpoint.request_bench.
+bench_requests`). "Sustained": every request sent and finished ok. Added latency is per
+request: the client's latency (E2E: the last chunk's arrival minus the send) minus the
+server's own time for that request (the stub stamps when it read the request's last byte and
+when it wrote the answer, on the same monotonic clock), so it holds the client's send and
+receive paths and the loopback; ``lag`` is the send lag (start of the send minus the
+scheduled time). ``cpu_ms_per_request``: the client process's CPU time per request (at rates
+below the ceiling a busy wait before each send (``--spin-ms`` above 0) makes this overstate the
+cost; without it, or at the highest rate, it is the real cost).
 
-Usage: python benchmarks/bench_client.py [--rates 500,1000,2000,3000] [--repeats 3]
+Target on the development machine: >= 2,000 streamed requests/s and <= 1 ms added at p99.
+
+Usage: python benchmarks/bench_client.py [--rates 1000,2000,3000] [--v2-rates 2000]
 Writes benchmarks/results/bench_client.md and bench_client.json.
 """
 
@@ -20,10 +27,14 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -31,14 +42,21 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from executor.endpoint.bench import bench  # noqa: E402
+from executor.endpoint.bench import bench, make_jobs  # noqa: E402
+from executor.endpoint.client import OpenLoop, payload  # noqa: E402
+from executor.endpoint.http1 import Pool  # noqa: E402
+from executor.endpoint.request_bench import bench_requests  # noqa: E402
 from executor.endpoint.servers import free_port  # noqa: E402
+from sim.drivers.llm_simulate import llm_schedule  # noqa: E402
 from sim.metrics.rundir import versions  # noqa: E402
+from sim.scenario.llm import load_llm_scenario  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+KEYS = ["sent_rps", "completed_rps", "token_events_per_s", "added_p50_ms", "added_p99_ms",
+        "e2e_p99_ms", "lag_p50_ms", "lag_p99_ms", "cpu_share", "cpu_ms_per_request"]
 
 
-def scenario(path: Path, rate_rps: float, duration_s: float, output_tokens: int) -> Path:
+def llm_scenario(path: Path, rate_rps: float, duration_s: float, output_tokens: int) -> Path:
     """A constant-rate LLM scenario (16-token prompts) written to ``path``."""
     path.write_text(yaml.safe_dump({
         "name": f"client-{rate_rps:g}", "seed": 1,
@@ -53,83 +71,224 @@ def scenario(path: Path, rate_rps: float, duration_s: float, output_tokens: int)
     return path
 
 
-def point(url: str, rate: float, duration_s: float, tokens: int, tmp: Path) -> dict[str, float]:
-    """One run at ``rate`` requests/s; what the client drove and added."""
-    result = bench(scenario(tmp / "s.yaml", rate, duration_s, tokens), url, model="instant",
-                   drain_timeout_s=5.0)
-    req, s = result.requests, result.summary
+def v2_scenario(path: Path, rate_rps: float, duration_s: float) -> Path:
+    """A constant-rate request-level scenario with a one-item KServe v2 payload."""
+    path.write_text(yaml.safe_dump({
+        "name": f"client-v2-{rate_rps:g}", "seed": 1,
+        "service": {"kind": "linear", "base_ms": 1, "per_item_ms": 0},
+        "workload": {"kind": "constant", "rate_rps": rate_rps,
+                     "n_requests": int(rate_rps * duration_s)},
+        "policy": {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 1},
+        "payload": {"model": "instant", "inputs": [{"name": "input", "datatype": "BYTES",
+                                                    "shape": [-1]}]}}))
+    return path
+
+
+def stub_log(url: str) -> dict[int, float]:
+    """The stub's own time per request since the last call (key -> sent - recv, s)."""
+    with urllib.request.urlopen(f"{url}/stub/log", timeout=30) as resp:
+        log = json.loads(resp.read())
+    return {k: s - r for k, r, s in zip(log["keys"], log["recv_s"], log["sent_s"],
+                                        strict=True)}
+
+
+def _row(req: Any, summary: dict[str, Any], meta: dict[str, Any], rate: float,
+         server_s: np.ndarray, tokens: int) -> dict[str, float]:
     sent = len(req)
     span = float(req["arrival_s"].max() - req["arrival_s"].min()) if sent > 1 else float("nan")
     done = float(req["finish_s"].max() - req["arrival_s"].min())
-    e2e = (req["finish_s"] - req["arrival_s"]).to_numpy() * 1e3
-    lag = req["send_lag_s"].to_numpy() * 1e3
-    return {"rate_rps": rate, "requests": sent, "ok": int(s["ok"]),
-            "sent_rps": (sent - 1) / span, "completed_rps": int(s["ok"]) / done,
-            "token_events_per_s": int(req["received_tokens"].sum()) / done,
-            "e2e_p50_ms": float(np.nanpercentile(e2e, 50)),
-            "e2e_p99_ms": float(np.nanpercentile(e2e, 99)),
+    e2e = (req["finish_s"] - req["arrival_s"]).to_numpy(float)
+    added = (e2e - server_s) * 1e3
+    lag = req["send_lag_s"].to_numpy(float) * 1e3
+    cpu = float(summary["client"]["cpu_share"])
+    return {"rate_rps": rate, "requests": sent, "ok": int(summary["ok"]),
+            "sent_rps": (sent - 1) / span, "completed_rps": int(summary["ok"]) / done,
+            "token_events_per_s": tokens / done,
+            "added_p50_ms": float(np.nanpercentile(added, 50)),
+            "added_p99_ms": float(np.nanpercentile(added, 99)),
+            "e2e_p99_ms": float(np.nanpercentile(e2e * 1e3, 99)),
             "lag_p50_ms": float(np.percentile(lag, 50)),
             "lag_p99_ms": float(np.percentile(lag, 99)),
-            "cpu_share": float(s["client"]["cpu_share"]),
-            # the client's CPU time per request: what sets its ceiling on a free core
-            "cpu_ms_per_request": float(s["client"]["cpu_share"]) * float(result.meta["wall_s"])
-            * 1e3 / sent}
+            "cpu_share": cpu, "cpu_ms_per_request": cpu * float(meta["wall_s"]) * 1e3 / sent,
+            "matched": int(np.isfinite(server_s).sum())}
+
+
+def llm_point(url: str, rate: float, duration_s: float, tokens: int, tmp: Path,
+              spin_s: float = 0.0) -> dict[str, float]:
+    """One streamed run at ``rate`` requests/s."""
+    path = llm_scenario(tmp / "s.yaml", rate, duration_s, tokens)
+    stub_log(url)  # empty it (the preflight's request)
+    result = bench(path, url, model="instant", drain_timeout_s=5.0, spin_s=spin_s)
+    own = stub_log(url)
+    scn = load_llm_scenario(path)
+    schedule, prompt, output = llm_schedule(scn)
+    jobs = make_jobs(schedule.arrival_s, prompt, output, "openai-completions", scn.seed,
+                     (10, 250))
+    req = result.requests
+    server_s = np.array([own.get(hash(tuple(jobs[i].prompt)), np.nan) for i in req["id"]])
+    return _row(req, result.summary, result.meta, rate, server_s,
+                int(req["received_tokens"].sum()))
+
+
+def v2_point(url: str, rate: float, duration_s: float, tmp: Path) -> dict[str, float]:
+    """One KServe v2 run at ``rate`` requests/s."""
+    path = v2_scenario(tmp / "v.yaml", rate, duration_s)
+    stub_log(url)
+    result = bench_requests(path, url, api="kserve-v2", drain_timeout_s=5.0)
+    own = stub_log(url)
+    req = result.requests
+    server_s = np.array([own.get(int(i), np.nan) for i in req["id"]])
+    row = _row(req, result.summary, result.meta, rate, server_s, 0)
+    return {**row, "spin_ms": OpenLoop.spin_s * 1e3}  # bench_requests: the client's default
+
+
+def floor_point(url: str, rate: float, duration_s: float, tokens: int, tmp: Path
+                ) -> dict[str, float]:
+    """The machine's floor: the same requests at the same rate from the plainest client
+    Python has (one blocking socket, one request at a time, a busy wait for each send time,
+    the answer read until its last chunk), measured as the client is. What ``servelab
+    bench`` adds beyond this row is the client's own cost; the rest is the machine's (the
+    loopback, the scheduler, the stub).
+    """
+    path = llm_scenario(tmp / "f.yaml", rate, duration_s, tokens)
+    scn = load_llm_scenario(path)
+    schedule, prompt, output = llm_schedule(scn)
+    jobs = make_jobs(schedule.arrival_s, prompt, output, "openai-completions", scn.seed,
+                     (10, 250))
+    pool = Pool(f"{url}/v1/completions")
+    requests = [pool.request(json.dumps(payload("openai-completions", "instant", j, None))
+                             .encode()) for j in jobs]
+    stub_log(url)
+    sock = socket.create_connection((pool.host, pool.port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sent = np.full(len(jobs), np.nan)
+    done = np.full(len(jobs), np.nan)
+    clock = time.perf_counter
+    t0 = clock()
+    try:
+        for k, (job, request) in enumerate(zip(jobs, requests, strict=True)):
+            while clock() - t0 < job.scheduled_s:
+                pass
+            sent[k] = clock() - t0
+            sock.sendall(request)
+            buf = b""
+            while not buf.endswith(b"0\r\n\r\n"):
+                buf += sock.recv(65536)
+            done[k] = clock() - t0
+    finally:
+        sock.close()
+    own = stub_log(url)
+    server_s = np.array([own.get(hash(tuple(j.prompt)), np.nan) for j in jobs])
+    added = (done - sent - server_s) * 1e3
+    lag = (sent - np.array([j.scheduled_s for j in jobs])) * 1e3
+    return {"rate_rps": rate, "requests": len(jobs), "ok": len(jobs),
+            "sent_rps": (len(jobs) - 1) / float(sent[-1] - sent[0]),
+            "completed_rps": len(jobs) / float(done[-1] - sent[0]),
+            "token_events_per_s": len(jobs) * tokens / float(done[-1] - sent[0]),
+            "added_p50_ms": float(np.nanpercentile(added, 50)),
+            "added_p99_ms": float(np.nanpercentile(added, 99)),
+            "e2e_p99_ms": float(np.nanpercentile((done - sent) * 1e3, 99)),
+            "lag_p50_ms": float(np.percentile(lag, 50)),
+            "lag_p99_ms": float(np.percentile(lag, 99)),
+            "cpu_share": float("nan"), "cpu_ms_per_request": float("nan"),
+            "matched": int(np.isfinite(server_s).sum())}
+
+
+def _table(title: str, rows: list[dict[str, float]]) -> list[str]:
+    lines = [f"### {title}", "", "| offered req/s | spin ms | ok / sent | " + " | ".join(KEYS)
+             + " |", "|---|---|---|" + "---|" * len(KEYS)]
+    for rate, spin in sorted({(r["rate_rps"], r.get("spin_ms", 1.0)) for r in rows}):
+        mine = [r for r in rows if r["rate_rps"] == rate and r.get("spin_ms", 1.0) == spin]
+        cells = []
+        for k in KEYS:
+            v = np.array([r[k] for r in mine])
+            cells.append(f"{np.median(v):.3g} [{v.min():.3g}–{v.max():.3g}]")
+        okc = f"{sum(r['ok'] for r in mine)} / {sum(r['requests'] for r in mine)}"
+        lines.append(f"| {rate:g} | {spin:g} | {okc} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--rates", default="500,1000,2000,3000")
+    ap.add_argument("--rates", default="1000,2000,3000")
+    ap.add_argument("--v2-rates", default="2000")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--duration-s", type=float, default=3.0)
     ap.add_argument("--output-tokens", type=int, default=8)
+    ap.add_argument("--floor-rates", default="2000",
+                    help="rates for the floor: a blocking one-socket client (see floor_point)")
+    ap.add_argument("--spin-ms", default="0",
+                    help="the client's busy wait before each send; several: compared")
+    ap.add_argument("--note", default="", help="how the run was made (e.g. under fgrun)")
     args = ap.parse_args()
-    rates = [float(r) for r in args.rates.split(",")]
+    rates = [float(r) for r in args.rates.split(",") if r]
+    v2_rates = [float(r) for r in args.v2_rates.split(",") if r]
+    spins = [float(v) for v in args.spin_ms.split(",")]
+    floor_rates = [float(r) for r in args.floor_rates.split(",") if r]
     # SIGTERM ends the run through the finally below, so the stub does not outlive it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     port = free_port()
-    stub = subprocess.Popen([sys.executable, "-m", "executor.endpoint.stub", "--port",
+    url = f"http://127.0.0.1:{port}"
+    stub = subprocess.Popen([sys.executable, "-m", "executor.endpoint.stub_lean", "--port",
                              str(port)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert stub.stdout is not None
     assert stub.stdout.readline().strip() == "ready"
-    rows: list[dict[str, float]] = []
+    llm_rows: list[dict[str, float]] = []
+    v2_rows: list[dict[str, float]] = []
+    floor_rows: list[dict[str, float]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for rate in rates:
-                for rep in range(args.repeats):
-                    row = point(f"http://127.0.0.1:{port}", rate, args.duration_s,
-                                args.output_tokens, Path(tmp))
-                    row["repeat"] = rep
-                    rows.append(row)
-                    print(json.dumps({k: round(v, 3) for k, v in row.items()}), flush=True)
+            for rep in range(args.repeats):  # repeats interleaved: drift spreads over rates
+                for rate in rates:
+                    for spin in spins:
+                        row = llm_point(url, rate, args.duration_s, args.output_tokens,
+                                        Path(tmp), spin / 1e3)
+                        llm_rows.append({**row, "repeat": rep, "spin_ms": spin})
+                    print("llm", json.dumps({k: round(v, 3) for k, v in row.items()}),
+                          flush=True)
+                for rate in floor_rates:
+                    row = floor_point(url, rate, args.duration_s, args.output_tokens, Path(tmp))
+                    floor_rows.append({**row, "repeat": rep, "spin_ms": float("inf")})
+                    print("floor", json.dumps({k: round(v, 3) for k, v in row.items()}),
+                          flush=True)
+                for rate in v2_rates:
+                    row = v2_point(url, rate, args.duration_s, Path(tmp))
+                    v2_rows.append({**row, "repeat": rep})
+                    print("v2", json.dumps({k: round(v, 3) for k, v in row.items()}),
+                          flush=True)
     finally:
         stub.terminate()
         stub.wait(10)
         stub.stdout.close()
-    keys = ["sent_rps", "completed_rps", "token_events_per_s", "e2e_p50_ms", "e2e_p99_ms",
-            "lag_p50_ms", "lag_p99_ms", "cpu_share", "cpu_ms_per_request"]
+    try:
+        import uvloop  # noqa: F401
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
     lines = ["# servelab bench: client overhead against the instant stub", "",
-             f"{args.duration_s:g} s per run, {args.output_tokens} output tokens per request "
-             f"(one SSE chunk each), {args.repeats} repeats per rate; median [min–max]. "
-             f"Host: {platform.node()}, {os.cpu_count()} CPUs, load average "
-             f"{os.getloadavg()[0]:.1f} at the end (shared machine).", "",
-             "| offered req/s | ok / sent | " + " | ".join(keys) + " |",
-             "|---|---|" + "---|" * len(keys)]
-    for rate in rates:
-        mine = [r for r in rows if r["rate_rps"] == rate]
-        cells = []
-        for k in keys:
-            v = np.array([r[k] for r in mine])
-            cells.append(f"{np.median(v):.3g} [{v.min():.3g}–{v.max():.3g}]")
-        okc = f"{sum(r['ok'] for r in mine)} / {sum(r['requests'] for r in mine)}"
-        lines.append(f"| {rate:g} | {okc} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
+             f"{args.duration_s:g} s per run, {args.repeats} repeats per rate (interleaved); "
+             f"median [min–max]. Event loop: {loop}. Server: executor/endpoint/stub_lean.py in "
+             f"its own process. Host: {platform.node()}, {os.cpu_count()} CPUs, load average "
+             f"{os.getloadavg()[0]:.1f} at the end (shared machine). {args.note}", "",
+             "added = client E2E − the stub's own time for the same request (matched by "
+             "prompt / request id); lag = send lag.", ""]
+    if llm_rows:
+        lines += _table(f"Streamed (openai-completions, {args.output_tokens} output tokens, "
+                        "one SSE chunk each)", llm_rows)
+    if floor_rows:
+        lines += _table("Floor: the plainest client (one blocking socket, busy-wait sends, "
+                        "one request at a time), same requests and stub", floor_rows)
+    if v2_rows:
+        lines += _table("Request-level (kserve-v2, one item per request)", v2_rows)
+    text = "\n".join(lines)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench_client.md").write_text(text)
     (RESULTS / "bench_client.json").write_text(json.dumps(
-        {"rows": rows, "versions": versions(), "host": platform.node(),
-         "cpus": os.cpu_count()}, indent=1))
+        {"llm": llm_rows, "v2": v2_rows, "floor": floor_rows, "versions": versions(),
+         "host": platform.node(), "cpus": os.cpu_count(), "loop": loop,
+         "note": args.note}, indent=1))
 
 
 if __name__ == "__main__":

@@ -138,6 +138,10 @@ def _report(result: Any, out: Path | None, quiet: bool, *, tail: str | None = No
         first = result.requests[result.requests["reason"] == cause]["error"].iloc[0]
         err_console.print(f"[bold yellow]failed ({cause}):[/] {count} requests, e.g. {first}",
                           highlight=False, soft_wrap=True)
+    if client.get("prompt_token_mismatches"):
+        err_console.print(f"[bold yellow]warning:[/] {client['prompt_token_mismatches']} "
+                          "requests' usage.prompt_tokens differ from the scenario's prompt "
+                          "length (requests.parquet: server_prompt_tokens)")
     if client["send_lag_flagged"]:
         err_console.print(f"[bold yellow]warning:[/] send lag p99 "
                           f"{client['send_lag_ms']['p99']:.1f} ms > "
@@ -173,6 +177,14 @@ def calibrate_endpoint_cmd(endpoint: str, model: str | None, out: Path, budget_s
     except USER_ERRORS as exc:
         fail(str(exc))
         return
+    partial = meta.get("partial")
+    if partial:
+        console.print(f"[yellow]interrupted — partial profile[/] ({partial['stopped_by']}): "
+                      f"{partial['prefill_points']} of {partial['planned_prefill_points']} "
+                      f"prefill and {partial['decode_points']} of "
+                      f"{partial['planned_decode_points']} decode points measured")
+        if "overheads" not in meta:
+            return
     over = meta["overheads"]
     console.print(f"overheads: {over['request_ms']:.2f} ms per request, "
                   f"{over['per_output_token_ms']:.3f} ms per output token; probing took "
@@ -183,14 +195,30 @@ def compare_endpoint_cmd(scenario: str, endpoint: str, profile: Path | None, out
                          repeats: int, set_: list[str] | None, probe: str,
                          drain_timeout_s: float | None, rhos: list[float],
                          table: Any) -> None:
-    """``servelab compare SCENARIO --endpoint URL``: predict, bench, compare."""
-    from executor.endpoint.compare_endpoint import compare_endpoint
+    """``servelab compare SCENARIO --endpoint URL [--sweep R1,R2,...]``: predict, bench,
+    compare (at each target load with ``--sweep``).
+    """
+    from executor.endpoint.compare_endpoint import compare_endpoint, sweep_endpoint
 
     cli = _cli()
     fail, USER_ERRORS, console = cli.fail, cli.USER_ERRORS, cli.console  # noqa: N806
     if rhos:
-        fail("--sweep with --endpoint: not supported yet; run compare once per load "
-             "(--set workload.rate_rps=...)")
+        from servelab.cli_live import LLM_FIDELITY_KEYS, _fidelity_table
+
+        try:
+            frame = sweep_endpoint(scenario, endpoint, out, rhos, profile=profile,
+                                   repeats=repeats, overrides=set_ or None, probe_mode=probe,
+                                   drain_timeout_s=drain_timeout_s,
+                                   progress=lambda m: console.print(f"[dim]{m}[/]"))
+        except USER_ERRORS as exc:
+            fail(str(exc))
+            return
+        console.print(_fidelity_table(frame, LLM_FIDELITY_KEYS))
+        console.print(f"capacity {frame['capacity_rps'].iloc[0]:.3g} req/s on the calibrated "
+                      "profile; rho = offered rate / capacity; one compare.json per point in "
+                      f"{out}/rho-R/")
+        console.print(f"fidelity curve: {out / 'fidelity.csv'}")
+        return
     try:
         data = compare_endpoint(scenario, endpoint, out, profile=profile, repeats=repeats,
                                 overrides=set_ or None, probe_mode=probe,

@@ -90,6 +90,10 @@ def calibrate_endpoint_cmd(endpoint: str, api: str, model: str | None, batch_siz
         fail(str(exc))
         return
     path = profile.save(out)
+    partial = profile.meta["endpoint"].get("partial")
+    if partial:
+        console.print(f"[yellow]interrupted — partial profile[/] ({partial['stopped_by']}): "
+                      f"{partial['bursts_done']} of {partial['bursts_planned']} bursts")
     console.print(f"profile: {path}")
 
 

@@ -15,6 +15,7 @@ stream chunk as ``vllm bench serve`` computes it (see :mod:`executor.endpoint.cl
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import resource
@@ -29,7 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from executor.endpoint import server_info
+from executor.endpoint import chat_prompts, server_info
+from executor.endpoint.chat_prompts import ChatPrompts
 from executor.endpoint.client import APIS, Job, OpenLoop, Outcome, payload
 from executor.endpoint.server_info import EndpointError
 from sim.drivers.llm_simulate import LlmResult, horizon_s, llm_schedule
@@ -45,17 +47,23 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "prefill_c
 
 
 def make_jobs(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, api: str,
-              seed: int, token_ids: tuple[int, int]) -> list[Job]:
-    """One job per request: token-id prompts of exactly the scenario's length (chat: that
-    many random words; the server's tokenizer decides their token count).
+              seed: int, token_ids: tuple[int, int], chat: ChatPrompts | None = None
+              ) -> list[Job]:
+    """One job per request: token-id prompts of exactly the scenario's length (chat: a
+    message of ``chat``'s one-token units, as many as the length less the chat template's
+    overhead; without ``chat``, that many random words, whose count the server's tokenizer
+    decides).
     """
     rng = np.random.default_rng([seed, 29])
     lo, hi = token_ids
     jobs = []
     for i, (t, p, o) in enumerate(zip(arrival_s, prompt, output, strict=True)):
-        ids = rng.integers(lo, hi, size=int(p))
-        text: list[int] | str = ids.tolist() if api == "openai-completions" else \
-            " ".join(f"w{v}" for v in ids.tolist())
+        if api == "openai-completions":
+            text: list[int] | str = rng.integers(lo, hi, size=int(p)).tolist()
+        elif chat is not None:
+            text = chat.text(int(p), rng)
+        else:
+            text = " ".join(f"w{v}" for v in rng.integers(lo, hi, size=int(p)).tolist())
         jobs.append(Job(i, float(t), text, int(p), int(o)))
     return jobs
 
@@ -147,6 +155,16 @@ def chunk_itl_s(outs: list[Outcome], lo_s: float) -> np.ndarray:
     return np.concatenate(gaps) if gaps else np.empty(0)
 
 
+def _mismatches(requests: pd.DataFrame) -> int:
+    """Requests whose server-reported prompt tokens differ from the scenario's (where the
+    server reported them).
+    """
+    told = requests["server_prompt_tokens"].to_numpy(np.int64) if len(requests) else \
+        np.empty(0, np.int64)
+    want = requests["prompt_tokens"].to_numpy(np.int64) if len(requests) else told
+    return int(((told >= 0) & (told != want)).sum())
+
+
 def bench_summary(requests: pd.DataFrame, token_s: np.ndarray, offset: np.ndarray,
                   outs: list[Outcome], *, warmup_s: float, window_end_s: float, end_s: float,
                   ttft_slo_ms: float | None, tpot_slo_ms: float | None,
@@ -173,6 +191,7 @@ def bench_summary(requests: pd.DataFrame, token_s: np.ndarray, offset: np.ndarra
         "cpu_share": cpu_share,
         "errors_by_cause": {str(c): int(v) for c, v in sorted(causes.items()) if v},
         "tokens_received": int(requests["received_tokens"].sum()) if len(requests) else 0,
+        "prompt_token_mismatches": _mismatches(requests),
     }
     return summary
 
@@ -181,7 +200,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
           model: str | None = None, overrides: list[str] | dict[str, Any] | None = None,
           max_concurrency: int | None = None, drain_timeout_s: float | None = None,
           request_timeout_s: float | None = None, token_ids: tuple[int, int] = (10, 250),
-          handle_signals: bool = False,
+          handle_signals: bool = False, spin_s: float = 0.0,
           on_done: Callable[[Outcome], None] | None = None,
           on_client: Callable[[OpenLoop], None] | None = None) -> LlmResult:
     """Measure ``endpoint`` on an LLM scenario's schedule.
@@ -198,6 +217,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
         request_timeout_s: Fail a request not complete after this long (cause ``timeout``).
         token_ids: Prompt token ids are drawn from ``[lo, hi)``.
         handle_signals: SIGINT and SIGTERM stop the run; what was measured is kept.
+        spin_s: The client's busy wait before each send (:class:`OpenLoop`'s ``spin_s``).
         on_done: Called after each request (the progress bar).
         on_client: Called with the client before it starts (tests stop runs with it).
 
@@ -227,11 +247,12 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
     preflight(url, api, model)
     before = server_info.metrics(base)
     schedule, prompt, output = llm_schedule(scn)
-    jobs = make_jobs(schedule.arrival_s, prompt, output, api, scn.seed, (lo, hi))
+    chat = chat_prompts.measure(url, model) if api == "openai-chat" else None
+    jobs = make_jobs(schedule.arrival_s, prompt, output, api, scn.seed, (lo, hi), chat)
     horizon = horizon_s(scn, schedule.arrival_s)
     client = OpenLoop(url, api, model, jobs, deadline_s=horizon + drain,
                       max_concurrency=max_concurrency, request_timeout_s=request_timeout_s,
-                      on_done=on_done)
+                      on_done=on_done, spin_s=spin_s)
     if on_client is not None:
         on_client(client)
     outs = _run(client, handle_signals)
@@ -259,6 +280,8 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
                            "max_concurrency": max_concurrency,
                            "request_timeout_s": request_timeout_s,
                            "prompt_token_ids": [lo, hi], "requests_planned": len(jobs),
+                           "chat_template_tokens": chat.overhead_tokens if chat else None,
+                           "chat_units": list(chat.units) if chat else None,
                            "requests_sent": len(outs),
                            "planned_horizon_s": horizon if math.isfinite(horizon) else None})
     empty_steps = pd.DataFrame({c: np.empty(0) for c in STEP_COLUMNS})
@@ -267,11 +290,24 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
     return LlmResult(scn, summary, requests, empty_steps, tokens, queue, meta)
 
 
-def _run(client: OpenLoop, handle_signals: bool) -> list[Outcome]:
-    """Run the client on a fresh event loop, SIGINT/SIGTERM stopping it when asked; set its
-    wall time and CPU share (its process's CPU seconds / wall seconds).
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A fresh event loop: uvloop's when it is installed (``pip install servelab[fast]``:
+    less CPU per request, so a higher rate before the client limits it), else asyncio's.
     """
-    loop = asyncio.new_event_loop()
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def _run(client: OpenLoop, handle_signals: bool,
+         loop: asyncio.AbstractEventLoop | None = None) -> list[Outcome]:
+    """Run the client on ``loop`` (default: a fresh one; closed after), SIGINT/SIGTERM
+    stopping it when asked; set its wall time and CPU share (its process's CPU seconds /
+    wall seconds).
+    """
+    loop = loop or new_loop()
     main = threading.current_thread() is threading.main_thread()
     handled = []
     if handle_signals and main:
@@ -280,9 +316,18 @@ def _run(client: OpenLoop, handle_signals: bool) -> list[Outcome]:
             handled.append(sig)
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
+    # no garbage collection while measuring: a full collection over a run's records stops
+    # the loop for tens of ms, which every request in flight would carry as latency; the
+    # cycles made meanwhile (few: failed requests' tracebacks) are collected after the run
+    was_enabled = gc.isenabled()
+    gc.freeze()
+    gc.disable()
     try:
         outs = loop.run_until_complete(client.run())
     finally:
+        if was_enabled:
+            gc.enable()
+        gc.unfreeze()
         for sig in handled:
             loop.remove_signal_handler(sig)
         loop.close()

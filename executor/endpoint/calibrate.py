@@ -21,6 +21,7 @@ What is fitted (times as the client sees them):
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -128,7 +129,32 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
     preflight(url, "openai-completions", model)
     knobs = server_info.scheduling_config(server_info.metrics(base))
     grid = plan_grid(max_len, max_num_seqs, max_num_batched_tokens)
-    target = probes.Target(url, model, np.random.default_rng([seed, 2929]))
+    stopper = probes.Stopper()
+    target = probes.Target(url, model, np.random.default_rng([seed, 2929]), stopper=stopper)
+    ttft: dict[int, list[float]] = {}
+    itl: dict[tuple[int, int], list[float]] = {}
+    contexts = [p + OUTPUT_TOKENS // 2 for p in grid["decode_prompts"]]
+    info: dict[str, Any] = {"endpoint": base, "model": model, "server_models": listed,
+                            "server": knobs, "reps": reps, "budget_s": budget_s,
+                            "max_model_len": max_len}
+    with stopper.installed():
+        try:
+            return _probe(target, grid, contexts, ttft, itl, info, t_start, Path(out),
+                          max_num_seqs, max_num_batched_tokens, say)
+        except probes.ProbingStopped as stop:
+            info["wall_s"] = time.perf_counter() - t_start
+            return _write_partial(stop.signame, grid, contexts, ttft, itl, info, Path(out),
+                                  max_num_seqs, max_num_batched_tokens, say)
+
+
+def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int],
+           ttft: dict[int, list[float]], itl: dict[tuple[int, int], list[float]],
+           info: dict[str, Any], t_start: float, out: Path, max_num_seqs: int | None,
+           max_num_batched_tokens: int | None, say: Callable[[str], None]) -> dict[str, Any]:
+    """Size the plan to the budget, run it (filling ``ttft`` and ``itl`` as points complete),
+    fit and write the profile; return its meta.
+    """
+    base, budget_s, reps = info["endpoint"], info["budget_s"], info["reps"]
     # a first look at the server's speed sizes the plan to the budget
     probes.prefill_ttft_s(target, grid["prefill_tokens"][0], 1)  # warm-up, untimed
     ttft_long = max(probes.prefill_ttft_s(target, grid["prefill_tokens"][-1], 2))
@@ -142,31 +168,32 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
     if need > left:
         raise EndpointError(f"--budget-s {budget_s:g}: too small for this server; the "
                             f"smallest plan takes about {need + budget_s - left:.0f} s")
+    info["reps"] = reps
     say(f"plan (about {need:.0f} s of {left:.0f} s left): prefill {grid['prefill_tokens']} "
         f"tokens × {reps}; decode {grid['decode_seqs']} sequences at prompts "
-        f"{grid['decode_prompts']} × {OUTPUT_TOKENS} output tokens; one mixed step probe")
-    ttft = {}
+        f"{grid['decode_prompts']} × {OUTPUT_TOKENS} output tokens; one mixed step probe "
+        "(Ctrl-C or SIGTERM writes the points measured so far)")
     for p in grid["prefill_tokens"]:
         ttft[p] = probes.prefill_ttft_s(target, p, reps)
         say(f"prefill {p:5d} tokens: TTFT median {np.median(ttft[p]) * 1e3:.2f} ms")
-    contexts = [p + OUTPUT_TOKENS // 2 for p in grid["decode_prompts"]]
-    itl: dict[tuple[int, int], list[float]] = {}
     delta_s = 0.0
     for prompt, ctx in zip(grid["decode_prompts"], contexts, strict=True):
         for d in grid["decode_seqs"]:
             before = server_info.metrics(base) if d == 1 else None
-            itl[(d, ctx)] = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS,
-                                                  _runs(d, reps))
-            if not itl[(d, ctx)]:
+            samples = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS, _runs(d, reps))
+            if not samples:
                 raise EndpointError(f"decode probe of {d} sequences: longer outputs did not "
                                     "take longer (a server too noisy to probe, or one that "
                                     "does not stream per token?)")
+            itl[(d, ctx)] = samples
             if d == 1 and prompt == grid["decode_prompts"][0]:
                 server = _server_itl(before, server_info.metrics(base))
                 if server is not None:
                     delta_s = max(0.0, float(np.mean(itl[(d, ctx)])) - server)
+                    info["delta_s"] = delta_s
             say(f"decode {d:3d} seqs at context {ctx}: ITL median "
                 f"{np.median(itl[(d, ctx)]) * 1e3:.2f} ms")
+    info["delta_s"] = delta_s
     profile, meta = _fit(grid, contexts, ttft, itl, delta_s)
     mix_d = grid["decode_seqs"][min(2, len(grid["decode_seqs"]) - 1)]
     mix_p = grid["prefill_tokens"][min(2, len(grid["prefill_tokens"]) - 1)]
@@ -181,16 +208,60 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
                            "composed_s": composed,
                            "rel_error": float(composed / np.median(mixed) - 1) if mixed
                            else None}
-    meta.update({"method": "endpoint", "endpoint": base, "model": model,
-                 "server_models": listed, "server": knobs, "reps": reps,
-                 "budget_s": budget_s, "wall_s": time.perf_counter() - t_start,
-                 "max_model_len": max_len})
+    info.pop("delta_s")
+    meta.update({"method": "endpoint", **info, "wall_s": time.perf_counter() - t_start})
+    return _save(profile, meta, out, max_num_seqs, max_num_batched_tokens, say)
+
+
+def _save(profile: StepProfile, meta: dict[str, Any], out: Path, max_num_seqs: int | None,
+          max_num_batched_tokens: int | None, say: Callable[[str], None]) -> dict[str, Any]:
     final = StepProfile(profile.prefill_tokens, profile.decode_seqs, profile.context_tokens,
                         profile.samples_s, meta=meta)
     path = final.save(out)
-    fragment = write_fragment(path, meta, knobs, max_num_seqs, max_num_batched_tokens)
+    fragment = write_fragment(path, meta, meta["server"], max_num_seqs,
+                              max_num_batched_tokens)
     say(f"step profile: {path}\nscenario fragment: {fragment}")
     return meta
+
+
+def _write_partial(signame: str, grid: dict[str, list[int]], contexts: list[int],
+                   ttft: dict[int, list[float]], itl: dict[tuple[int, int], list[float]],
+                   info: dict[str, Any], out: Path, max_num_seqs: int | None,
+                   max_num_batched_tokens: int | None, say: Callable[[str], None]
+                   ) -> dict[str, Any]:
+    """After a stop signal: the profile of the points measured so far (a rectangular grid:
+    the prefill lengths done, and the decode sizes done at every context kept), marked
+    ``meta.partial``; where too few points were measured for that (2 prefill lengths and 2
+    decode points), the raw samples in ``OUT.partial.json`` (not a usable profile).
+    """
+    done_ctx = [c for c in contexts if all((d, c) in itl for d in grid["decode_seqs"])]
+    if done_ctx:
+        seqs = list(grid["decode_seqs"])
+    else:
+        done_ctx = contexts[:1]
+        seqs = [d for d in grid["decode_seqs"] if (d, contexts[0]) in itl]
+    kept = {(d, c): itl[(d, c)] for c in done_ctx for d in seqs}
+    partial = {"stopped_by": signame, "prefill_points": len(ttft), "decode_points": len(itl),
+               "planned_prefill_points": len(grid["prefill_tokens"]),
+               "planned_decode_points": len(grid["decode_seqs"]) * len(contexts)}
+    if len(ttft) < 2 or len(kept) < 2:
+        path = out.with_suffix(".partial.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            "partial": partial, **{k: v for k, v in info.items() if k != "delta_s"},
+            "ttft_s": {str(p): v for p, v in ttft.items()},
+            "decode_itl_s": {f"{d},{c}": v for (d, c), v in itl.items()}}, default=str))
+        say(f"stopped by {signame}: too few points for a profile ({len(ttft)} prefill, "
+            f"{len(itl)} decode); the samples are in {path} (not a usable profile)")
+        return {"partial": partial, "partial_path": str(path), "wall_s": info["wall_s"],
+                "budget_s": info["budget_s"]}
+    part_grid = {"prefill_tokens": list(ttft), "decode_seqs": seqs}
+    profile, meta = _fit(part_grid, done_ctx, ttft, kept, info.get("delta_s", 0.0))
+    meta.update({"method": "endpoint", **{k: v for k, v in info.items() if k != "delta_s"},
+                 "partial": partial})
+    say(f"stopped by {signame}: partial profile of {len(ttft)} prefill and {len(kept)} "
+        "decode points (no mixed step check)")
+    return _save(profile, meta, out, max_num_seqs, max_num_batched_tokens, say)
 
 
 def _fit(grid: dict[str, list[int]], contexts: list[int], ttft: dict[int, list[float]],

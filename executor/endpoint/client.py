@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
+from executor.endpoint.http1 import ConnectError, CutError, Pool, Reply
 
 APIS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 CAUSES = ("refused", "http_NNN", "timeout", "stream_cut", "malformed_sse", "too_few_tokens",
@@ -99,34 +99,28 @@ class StreamError(Exception):
         self.cause = cause
 
 
-async def _read_stream(resp: aiohttp.ClientResponse, out: Outcome, t0: float,
-                       chat: bool) -> bool:
-    """Read the SSE stream into ``out``; return whether ``[DONE]`` came.
+def read_sse(reply: Reply, out: Outcome, t0: float, chat: bool) -> bool:
+    """Read the SSE body that has arrived into ``out``; return whether ``[DONE]`` came.
 
-    Reads whatever bytes have arrived (one await per network read, not per line) and stamps
-    every complete line in them with the read's time: lines that arrived together have one
-    arrival time.
+    Every complete line is stamped with the time of the network read that completed it:
+    lines that arrived together have one arrival time.
+
+    Raises:
+        StreamError: a line is not SSE, its data is not a JSON object, or it is an error.
     """
-    clock = time.perf_counter
     state = [0]  # the last cumulative completion_tokens seen
     buffer = b""
-    done = False
-    # read to the end even after [DONE]: a response left unread closes its connection
-    # instead of returning it to the pool (a new TCP connect per request)
-    async for piece in resp.content.iter_any():
-        if done:
-            continue
-        now = clock() - t0
+    for now, piece in reply.pieces:
         buffer += piece
-        if b"\n" not in buffer:
+        if b"\n" not in piece:
             continue
         *lines, buffer = buffer.split(b"\n")
         for raw in lines:
-            if _line(raw.strip(), now, out, chat, state):
-                done = True
-                break
+            if _line(raw.strip(), now - t0, out, chat, state):
+                return True
     tail = buffer.strip()
-    return done or (bool(tail) and _line(tail, clock() - t0, out, chat, state))
+    last = reply.pieces[-1][0] - t0 if reply.pieces else 0.0
+    return bool(tail) and _line(tail, last, out, chat, state)
 
 
 def _line(line: bytes, now: float, out: Outcome, chat: bool, state: list[int]) -> bool:
@@ -171,42 +165,61 @@ def _line(line: bytes, now: float, out: Outcome, chat: bool, state: list[int]) -
     return False
 
 
-JSON_HEADERS = {"Content-Type": "application/json"}
+async def exchange(pool: Pool, request: bytes, reply: Reply, out: Outcome, t0: float,
+                   timeout_s: float | None, cut_cause: str) -> bool:
+    """POST ``request`` (from ``pool.request``) and wait for the whole answer into ``reply``;
+    True for a complete 200 answer, else ``out`` holds the failure (its cause: ``refused``,
+    ``timeout``, ``cut_cause``, ``http_NNN``). Raises only on cancel.
 
-
-async def send(session: aiohttp.ClientSession, url: str, body: bytes, job: Job,
-               out: Outcome, t0: float, chat: bool, timeout_s: float | None) -> None:
-    """POST one request (its JSON body, encoded) and record its stream into ``out`` (never
-    raises but on cancel).
+    The one response path of both senders: the streaming one (:func:`send`) and the
+    request-level one (:func:`executor.endpoint.request_client.send_request`) differ only in
+    what they make of a 200 answer's body.
     """
     out.sent_s = time.perf_counter() - t0
     try:
-        async with asyncio.timeout(timeout_s):
-            async with session.post(url, data=body, headers=JSON_HEADERS) as resp:
-                out.http_status = resp.status
-                if resp.status != 200:
-                    text = (await resp.text())[:120]
-                    out.cause = f"http_{resp.status}"
-                    out.error = f"HTTP {resp.status} {resp.reason}: {' '.join(text.split())}"
-                    out.status = "failed"
-                    return
-                done = await _read_stream(resp, out, t0, chat)
-    except StreamError as exc:
-        out.status, out.cause, out.error = "failed", exc.cause, str(exc)
-        return
+        if timeout_s is None:
+            await pool.post(request, reply)
+        else:
+            async with asyncio.timeout(timeout_s):
+                await pool.post(request, reply)
     except TimeoutError:
         out.status, out.cause = "failed", "timeout"
         out.error = f"no complete answer within --request-timeout-s {timeout_s:g}"
-        return
-    except aiohttp.ClientConnectorError as exc:
+        return False
+    except ConnectError as exc:
         out.status, out.cause, out.error = "failed", "refused", _one_line(exc)
-        return
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
-            ConnectionResetError) as exc:
-        out.status, out.cause, out.error = "failed", "stream_cut", _one_line(exc)
-        return
-    except aiohttp.ClientError as exc:
-        out.status, out.cause, out.error = "failed", "client_error", _one_line(exc)
+        return False
+    except CutError as exc:
+        out.status, out.cause, out.error = "failed", cut_cause, _one_line(exc)
+        return False
+    finally:
+        out.http_status = reply.status
+    if reply.status != 200:
+        text = " ".join(reply.body()[:120].decode(errors="replace").split())
+        out.status, out.cause = "failed", f"http_{reply.status}"
+        out.error = f"HTTP {reply.status} {reply.reason}: {text}"
+        return False
+    return True
+
+
+async def send(pool: Pool, request: bytes, job: Job, out: Outcome, t0: float, chat: bool,
+               timeout_s: float | None) -> None:
+    """POST one request and record its stream into ``out`` (never raises but on cancel; a
+    request cancelled mid-stream keeps the chunks that had come).
+    """
+    reply = Reply()
+    complete = False
+    try:
+        complete = await exchange(pool, request, reply, out, t0, timeout_s, "stream_cut")
+    finally:  # also on cancel: what came is kept
+        done = False
+        if reply.status == 200:
+            try:
+                done = read_sse(reply, out, t0, chat)
+            except StreamError as exc:
+                out.status, out.cause, out.error = "failed", exc.cause, str(exc)
+                complete = False
+    if not complete:  # exchange or the stream's parse set the cause
         return
     got, want = out.received, job.output_tokens
     if not done:
@@ -238,9 +251,17 @@ class OpenLoop:
             (``timeout``); None: only the deadline ends it.
         extra_body: Fields added to every request body.
         on_done: Called after each request finishes (the progress bar).
-        make_body: The body of a job (default: :func:`payload`'s LLM body).
-        sender: Sends one request (default: :func:`send`, SSE streams; request-level APIs
-            pass :func:`executor.endpoint.request_client.send_request`).
+        make_body: The JSON-encoded body of a job (default: :func:`payload`'s LLM body);
+            every body is built and encoded before the first request is sent.
+        sender: Sends one request, ``sender(pool, request, job, out, t0, chat, timeout_s)``
+            (default: :func:`send`, SSE streams; request-level APIs wrap
+            :func:`executor.endpoint.request_client.send_request`).
+        spin_s: How long before a send the client stops sleeping and yields in a busy loop
+            instead (sub-ms send times at the cost of a busy core). Default 0: never spin;
+            sends leave up to the timers' 1 ms grain late (recorded as send lag), the core
+            stays free for the server, and the latency the client adds is lower: a busy
+            core is preempted by whatever else runs (benchmarks/results/bench_client.md:
+            p99 added 0.7 ms without the spin, 2.2 ms with it, at 2,000 streamed req/s).
     """
 
     url: str
@@ -252,8 +273,9 @@ class OpenLoop:
     request_timeout_s: float | None = None
     extra_body: dict[str, Any] | None = None
     on_done: Callable[[Outcome], None] | None = None
-    make_body: Callable[[Job], dict[str, Any]] | None = None
+    make_body: Callable[[Job], bytes] | None = None
     sender: Callable[..., Awaitable[None]] | None = None
+    spin_s: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
     stopped_at_s: float | None = None
     end_s: float = 0.0
@@ -262,50 +284,53 @@ class OpenLoop:
     cpu_share: float = float("nan")
 
     def stop(self) -> None:
-        """Stop sending; cancel what is in flight (kept as in flight)."""
+        """Stop sending; cancel what is in flight (kept as in flight). Before the run has
+        started, the run stops at once.
+        """
         if self.stopped_at_s is None:
-            self.stopped_at_s = time.perf_counter() - self.t0
-            self._stop.set()
+            self.stopped_at_s = time.perf_counter() - self.t0 if self.t0 else 0.0
+            stop = getattr(self, "_stop", None)
+            if stop is not None:
+                stop.set()
 
     async def run(self) -> list[Outcome]:
         """Send every job on time (or until stopped or the deadline); return the outcomes of
         the jobs that were sent.
         """
         self._stop = asyncio.Event()
+        if self.stopped_at_s is not None:  # stopped before it started
+            self._stop.set()
         limit = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
         chat = self.api == "openai-chat"
-        connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         tasks: set[asyncio.Task[None]] = set()
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                         auto_decompress=False) as session:
-            bodies: list[Any] = (
-                [self.make_body(j) for j in self.jobs] if self.make_body is not None else
-                [json.dumps(payload(self.api, self.model, j, self.extra_body)).encode()
-                 for j in self.jobs])
+        pool = Pool(self.url)
+        try:
+            make = self.make_body or (lambda j: json.dumps(
+                payload(self.api, self.model, j, self.extra_body)).encode())
+            bodies = [pool.request(make(j)) for j in self.jobs]
             post = self.sender if self.sender is not None else send
+            spin = self.spin_s
             self.t0 = t0 = time.perf_counter()
 
-            async def one(job: Job, body: Any, out: Outcome) -> None:
+            async def one(job: Job, body: bytes, out: Outcome) -> None:
                 out.started_s = time.perf_counter() - t0
                 if limit is None:
-                    await post(session, self.url, body, job, out, t0, chat,
-                               self.request_timeout_s)
+                    await post(pool, body, job, out, t0, chat, self.request_timeout_s)
                 else:
                     async with limit:
-                        await post(session, self.url, body, job, out, t0, chat,
-                                   self.request_timeout_s)
+                        await post(pool, body, job, out, t0, chat, self.request_timeout_s)
                 if self.on_done is not None:
                     self.on_done(out)
 
             for job, body in zip(self.jobs, bodies, strict=True):
                 if job.scheduled_s >= self.deadline_s:
                     break
-                # the loop's timers wake up to 1 ms late (epoll rounds its timeout up): nap
-                # until 1 ms before, then yield to the other tasks until the time comes
+                # the loop's timers have a 1 ms grain (epoll's and libuv's timeouts): nap
+                # until spin_s before, then yield to the other tasks until the time comes
                 wait = job.scheduled_s - (time.perf_counter() - t0)
                 while wait > 0 and not self._stop.is_set():  # short naps: a stop is seen
-                    await asyncio.sleep(min(wait - 0.001, 0.1) if wait > 0.001 else 0)
+                    await asyncio.sleep(min(max(wait - spin, 0.001), 0.1) if wait > spin
+                                        else 0)
                     wait = job.scheduled_s - (time.perf_counter() - t0)
                 if self._stop.is_set():
                     break
@@ -324,6 +349,8 @@ class OpenLoop:
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            pool.close()
         return self.outcomes
 
     async def _drain(self, tasks: set[asyncio.Task[None]], stopper: asyncio.Future[Any],

@@ -9,16 +9,19 @@ means of before and after, rescale the profile
 (:meth:`calibration.step_profile.StepProfile.rescaled`) for
 that run's prediction, and their change between before and after is the run's drift. The
 stored profile's prediction and error are kept beside.
+
+``sweep_endpoint`` does that at several target loads ρ (``compare --endpoint --sweep``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 import sim.llm
 from calibration.step_profile import StepProfile, load_step_profile
@@ -30,6 +33,7 @@ from executor.endpoint.calibrate import endpoint_overrides
 from executor.endpoint.client import APIS
 from sim.drivers.llm_overheads import overheads_s
 from sim.errors import UserError
+from sim.experiments.llm_load import load_overrides, saturation_rps
 from sim.metrics.rundir import write_json
 from sim.metrics.window import default_drain_s
 from sim.scenario.llm import LlmProfileServiceCfg, LlmScenario, load_llm_scenario
@@ -141,3 +145,46 @@ def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoi
             "rows": rows}
     write_json(out / "compare.json", data)
     return data
+
+
+def sweep_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoint: str,
+                   out_dir: str | Path, rhos: Sequence[float], *,
+                   profile: str | Path | None = None, repeats: int = 3,
+                   overrides: list[str] | dict[str, Any] | None = None,
+                   model: str | None = None, probe_mode: str = "full",
+                   drain_timeout_s: float | None = None,
+                   progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """:func:`compare_endpoint` at each target load ρ (offered request rate over the
+    calibrated configuration's capacity, :mod:`sim.experiments.llm_load`, as the live
+    ``compare --sweep`` sets it): one ``rho-R/compare.json`` per point, and every point's
+    rows in ``fidelity.csv`` / ``fidelity.json``; returns the rows.
+
+    Raises:
+        UserError: no load, a load out of (0, 1.5), or what :func:`compare_endpoint` raises.
+    """
+    if not rhos:
+        raise UserError("--sweep: give at least one load, e.g. 0.3,0.6,0.8")
+    for rho in rhos:
+        if not (math.isfinite(rho) and 0 < rho < 1.5):
+            raise UserError(f"--sweep rho={rho:g}: must lie in (0, 1.5)")
+    scn = _scenario(scenario, overrides, profile)
+    capacity = saturation_rps(scn)
+    out = Path(out_dir)
+    rows = []
+    for rho in rhos:
+        ov = load_overrides(scn, rho, capacity)
+        if progress:
+            progress(f"rho={rho:g}: capacity {capacity:.3g} req/s on the calibrated profile, "
+                     + ", ".join(f"{k.split('.')[-1]} {v:.3g}" for k, v in ov.items()))
+        data = compare_endpoint(load_llm_scenario(scn, ov), endpoint, out / f"rho-{rho:g}",
+                                repeats=repeats, model=model, probe_mode=probe_mode,
+                                drain_timeout_s=drain_timeout_s, progress=progress)
+        rows += [{"target_rho": rho, "capacity_rps": capacity, "rate_rps": rho * capacity,
+                  "offered_rps": data["offered_rps"], **row} for row in data["rows"]]
+    frame = pd.DataFrame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "fidelity.csv", index=False)
+    write_json(out / "fidelity.json", {"kind": "llm", "driver": "bench", "scenario": scn.name,
+                                       "endpoint": server_info.base_url(endpoint),
+                                       "capacity_rps": capacity, "rows": rows})
+    return frame

@@ -13,13 +13,88 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
 
 import numpy as np
 
-from executor.endpoint.bench import _run
+from executor.endpoint.bench import _run, new_loop
 from executor.endpoint.client import Job, OpenLoop, Outcome
 from executor.endpoint.server_info import EndpointError
+
+
+class ProbingStopped(Exception):  # noqa: N818 - a stop asked for, not an error
+    """SIGINT or SIGTERM came while probing: what was measured before it is kept."""
+
+    def __init__(self, signame: str, outcomes: list[Outcome] | None = None) -> None:
+        super().__init__(f"stopped by {signame}")
+        self.signame = signame
+        self.outcomes = outcomes or []  # of the probe the signal cut short
+        self.bursts: list[list[Outcome]] = []  # request-level: the bursts completed
+
+
+@dataclass
+class Stopper:
+    """Turns SIGINT and SIGTERM during a calibration into :class:`ProbingStopped`: the probe
+    in flight is stopped (its client's :meth:`OpenLoop.stop`, from the loop's own thread) and
+    the next :func:`run_probe` raises, so the caller can keep the points measured so far.
+    """
+
+    signame: str | None = None
+    client: OpenLoop | None = None
+    loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+
+    @contextmanager
+    def installed(self) -> Iterator[Stopper]:
+        """Within the block, SIGINT and SIGTERM stop the probing (main thread only; the
+        previous handlers come back after it).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.signame = self.signame or signal.Signals(signum).name
+            client, loop = self.client, self.loop
+            if client is not None and loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(client.stop)
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT,
+                                                                    signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def check(self, outcomes: list[Outcome] | None = None) -> None:
+        """Raise :class:`ProbingStopped` (with ``outcomes``) when a signal came."""
+        if self.signame is not None:
+            raise ProbingStopped(self.signame, outcomes)
+
+
+def run_probe(client: OpenLoop, stopper: Stopper | None) -> list[Outcome]:
+    """Run ``client`` as a probe; a stop signal (through ``stopper``) ends it early.
+
+    Raises:
+        ProbingStopped: a signal came before or during the probe.
+    """
+    if stopper is None:
+        return _run(client, handle_signals=False)
+    stopper.check()
+    loop = new_loop()
+    stopper.client, stopper.loop = client, loop
+    try:
+        outs = _run(client, handle_signals=False, loop=loop)
+    finally:
+        stopper.client = stopper.loop = None
+    stopper.check(outs)
+    return outs
 
 
 @dataclass
@@ -31,6 +106,7 @@ class Target:
     rng: np.random.Generator
     token_ids: tuple[int, int] = (10, 250)
     timeout_s: float = 60.0
+    stopper: Stopper | None = None
 
     def prompt(self, n: int) -> list[int]:
         """``n`` fresh random token ids (no prefix shared with earlier probes)."""
@@ -50,7 +126,7 @@ def send(target: Target, jobs: list[Job], one_at_a_time: bool = False) -> list[O
     client = OpenLoop(target.url, "openai-completions", target.model, jobs,
                       deadline_s=deadline, request_timeout_s=target.timeout_s,
                       max_concurrency=1 if one_at_a_time else None)
-    outs = _run(client, handle_signals=False)
+    outs = run_probe(client, target.stopper)
     for out in outs:
         if out.status != "ok":
             raise EndpointError(f"probe request failed ({out.cause or 'unfinished'}): "

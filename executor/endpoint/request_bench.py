@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 import pandas as pd
 
@@ -37,7 +36,7 @@ from executor.endpoint.request_client import (
     json_body,
     kserve_body,
     request_path,
-    send_request,
+    request_sender,
 )
 from executor.endpoint.server_info import EndpointError
 from sim.metrics.rundir import Result, run_meta
@@ -210,18 +209,14 @@ def bench_requests(scenario: Scenario | dict[str, Any] | str | Path, endpoint: s
         zip(schedule.arrival_s, sizes, strict=True))]
     rng = np.random.default_rng([scn.seed, 30])
     bodies = {j.index: make(j, rng) for j in jobs}
-    kserve = api == "kserve-v2"
-
-    async def sender(session: aiohttp.ClientSession, url: str, body: dict[str, Any], job: Job,
-                     out: Outcome, t0: float, _chat: bool, timeout_s: float | None) -> None:
-        await send_request(session, url, body, job, out, t0, kserve, timeout_s)
+    make_body, sender = request_sender(bodies, api == "kserve-v2")
 
     last = float(schedule.arrival_s[-1]) if len(jobs) else 0.0
     horizon = horizon_s(scn, last)
     url = base + request_path(api, payload, name)
     client = OpenLoop(url, api, name or "", jobs, deadline_s=horizon + drain,
                       max_concurrency=max_concurrency, request_timeout_s=request_timeout_s,
-                      on_done=on_done, make_body=lambda j: bodies[j.index], sender=sender)
+                      on_done=on_done, make_body=make_body, sender=sender)
     if on_client is not None:
         on_client(client)
     outs = _run(client, handle_signals)

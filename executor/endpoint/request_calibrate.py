@@ -28,21 +28,20 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from calibration.model_runners import load_corpus
 from calibration.profile import LatencyProfile
 from executor.endpoint import server_info
-from executor.endpoint.bench import _run
 from executor.endpoint.client import Job, OpenLoop, Outcome
+from executor.endpoint.probes import ProbingStopped, Stopper, run_probe
 from executor.endpoint.request_bench import preflight
 from executor.endpoint.request_client import (
     REQUEST_APIS,
     json_body,
     kserve_body,
     request_path,
-    send_request,
+    request_sender,
 )
 from executor.endpoint.server_info import EndpointError
 from sim.metrics.rundir import versions
@@ -52,9 +51,13 @@ SPLIT_FLAG = 0.5  # a burst's latency spread above this share of its median: pro
 
 
 def _bursts(url: str, api: str, payload: PayloadCfg, plan: Sequence[tuple[float, int]],
-            seed: int, timeout_s: float) -> list[list[Outcome]]:
+            seed: int, timeout_s: float, stopper: Stopper) -> list[list[Outcome]]:
     """Send each ``(time_s, n)`` of ``plan`` as n simultaneous requests; the outcomes of each
     burst, in plan order.
+
+    Raises:
+        ProbingStopped: a stop signal came; its ``outcomes`` hold the bursts completed
+            before it (a list per burst, in plan order).
     """
     corpus = load_corpus()
     rng = np.random.default_rng([seed, 31])
@@ -66,25 +69,31 @@ def _bursts(url: str, api: str, payload: PayloadCfg, plan: Sequence[tuple[float,
             owner.append(k)
     bodies = [kserve_body(payload, j, rng, corpus) if api == "kserve-v2" else
               json_body(payload, j, rng, corpus) for j in jobs]
-    kserve = api == "kserve-v2"
-
-    async def sender(session: aiohttp.ClientSession, u: str, body: dict[str, Any], job: Job,
-                     out: Outcome, t0: float, _chat: bool, limit_s: float | None) -> None:
-        await send_request(session, u, body, job, out, t0, kserve, limit_s)
-
+    make_body, sender = request_sender(dict(enumerate(bodies)), api == "kserve-v2")
     end = (plan[-1][0] if plan else 0.0) + timeout_s
     client = OpenLoop(url, api, payload.model or "", jobs, deadline_s=end,
-                      request_timeout_s=timeout_s, make_body=lambda j: bodies[j.index],
-                      sender=sender)
-    outs = _run(client, handle_signals=False)
-    grouped: list[list[Outcome]] = [[] for _ in plan]
-    for out in outs:
-        grouped[owner[out.index]].append(out)
+                      request_timeout_s=timeout_s, make_body=make_body, sender=sender)
+    try:
+        outs = run_probe(client, stopper)
+    except ProbingStopped as stop:
+        grouped = _group(stop.outcomes, owner, len(plan))
+        whole = [g for k, g in enumerate(grouped)
+                 if len(g) == plan[k][1] and all(o.status == "ok" for o in g)]
+        stop.bursts = whole
+        raise
+    grouped = _group(outs, owner, len(plan))
     for k, group in enumerate(grouped):
         bad = [o for o in group if o.status != "ok"]
         if bad:
             raise EndpointError(f"burst of {plan[k][1]}: {len(bad)} requests failed "
                                 f"({bad[0].cause}: {bad[0].error})")
+    return grouped
+
+
+def _group(outs: list[Outcome], owner: list[int], bursts: int) -> list[list[Outcome]]:
+    grouped: list[list[Outcome]] = [[] for _ in range(bursts)]
+    for out in outs:
+        grouped[owner[out.index]].append(out)
     return grouped
 
 
@@ -143,17 +152,49 @@ def calibrate_endpoint(endpoint: str, *, api: str, sizes: Sequence[int], reps: i
     metadata = preflight(base, api, name, {**probe, "__path": payload.path})
     url = base + request_path(api, payload, name)
     order = sorted({int(n) for n in sizes})
-    warm = _bursts(url, api, payload, [(0.5 * k, n) for k, n in enumerate(order)], seed,
-                   timeout_s)
+    stopper = Stopper()
+    with stopper.installed():
+        return _measure(url, api, payload, order, reps, seed, timeout_s, window_ms,
+                        server_max_batch, base, name, metadata, stopper, say)
+
+
+def _measure(url: str, api: str, payload: PayloadCfg, order: list[int], reps: int, seed: int,
+             timeout_s: float, window_ms: float | None, server_max_batch: int | None,
+             base: str, name: str | None, metadata: dict[str, Any] | None, stopper: Stopper,
+             say: Callable[[str], None]) -> LatencyProfile:
+    """The warm-up and the timed bursts, and the profile of what they measured (after a stop
+    signal: of the bursts completed before it, marked ``meta.partial``).
+    """
+    try:
+        warm = _bursts(url, api, payload, [(0.5 * k, n) for k, n in enumerate(order)], seed,
+                       timeout_s, stopper)
+    except ProbingStopped as stop:
+        raise EndpointError(f"stopped by {stop.signame} during the warm-up bursts, before "
+                            "any timed one: nothing written") from None
     slowest = max(_burst_stats(g)[0] for g in warm)
     gap = 2.0 * slowest + 0.02
     rng = np.random.default_rng(seed)
     sequence = [n for n in order for _ in range(reps)]
     rng.shuffle(sequence)
     say(f"calibrating {url}: bursts of {order}, {reps} each, shuffled, {gap * 1e3:.0f} ms "
-        f"apart (about {len(sequence) * gap:.0f} s)")
-    groups = _bursts(url, api, payload, [(0.05 + k * gap, n) for k, n in enumerate(sequence)],
-                     seed + 1, timeout_s)
+        f"apart (about {len(sequence) * gap:.0f} s; Ctrl-C or SIGTERM keeps the bursts done)")
+    partial = None
+    try:
+        groups = _bursts(url, api, payload, [(0.05 + k * gap, n)
+                                             for k, n in enumerate(sequence)],
+                         seed + 1, timeout_s, stopper)
+    except ProbingStopped as stop:
+        groups = stop.bursts
+        done = {n: sum(1 for g in groups if len(g) == n) for n in order}
+        partial = {"stopped_by": stop.signame, "bursts_done": len(groups),
+                   "bursts_planned": len(sequence), "per_size": done}
+        order = [n for n in order if done[n]]
+        if not order:
+            raise EndpointError(f"stopped by {stop.signame} before any timed burst "
+                                "completed: nothing written") from None
+        say(f"stopped by {stop.signame}: {len(groups)} of {len(sequence)} bursts done; "
+            "partial profile of them")
+        sequence = [len(g) for g in groups]
     window_s = (window_ms or 0.0) / 1e3
     samples: dict[int, list[float]] = {n: [] for n in order}
     spread: dict[int, list[float]] = {n: [] for n in order}
@@ -186,6 +227,7 @@ def calibrate_endpoint(endpoint: str, *, api: str, sizes: Sequence[int], reps: i
                            "server_max_batch_size": server_max_batch, "reps": reps,
                            "gap_ms": gap * 1e3, "bursts": checks,
                            "single_request_ms": single_ms, "server_metadata": metadata,
+                           "partial": partial,
                            "includes": "the per-request path outside the model (HTTP, proxy, "
                                        "routing)"},
               "threads": None, "seed": seed, "versions": versions()})

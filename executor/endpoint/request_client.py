@@ -11,15 +11,15 @@ otherwise it failed with one of :data:`REQUEST_CAUSES`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import aiohttp
 import numpy as np
 
-from executor.endpoint.client import Job, Outcome, _one_line
+from executor.endpoint.client import Job, Outcome, exchange
+from executor.endpoint.http1 import Pool, Reply
 from sim.scenario.payload import PayloadCfg
 
 REQUEST_APIS = ("kserve-v2", "http-json")
@@ -111,52 +111,51 @@ def check_kserve_answer(answer: Any, size: int | None) -> str:
     return ""
 
 
-async def send_request(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                       job: Job, out: Outcome, t0: float, kserve: bool,
-                       timeout_s: float | None) -> None:
+def encode(body: dict[str, Any]) -> tuple[bytes, int | None]:
+    """A request body as sent, and its rows (:func:`_rows`) to check the answer against."""
+    return json.dumps(body).encode(), _rows(body)
+
+
+async def send_request(pool: Pool, request: bytes, job: Job, out: Outcome, t0: float,
+                       kserve: bool, rows: int | None, timeout_s: float | None) -> None:
     """POST one request and record its answer into ``out`` (never raises but on cancel).
 
-    ``kserve``: validate the answer as a v2 inference response.
+    ``kserve``: validate the answer as a v2 inference response of ``rows`` rows.
     """
-    out.sent_s = time.perf_counter() - t0
-    try:
-        async with asyncio.timeout(timeout_s):
-            async with session.post(url, json=body) as resp:
-                out.http_status = resp.status
-                raw = await resp.read()
-                done = time.perf_counter() - t0
-    except TimeoutError:
-        out.status, out.cause = "failed", "timeout"
-        out.error = f"no complete answer within --request-timeout-s {timeout_s:g}"
+    reply = Reply()
+    if not await exchange(pool, request, reply, out, t0, timeout_s, "connection_cut"):
         return
-    except aiohttp.ClientConnectorError as exc:
-        out.status, out.cause, out.error = "failed", "refused", _one_line(exc)
-        return
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
-            ConnectionResetError) as exc:
-        out.status, out.cause, out.error = "failed", "connection_cut", _one_line(exc)
-        return
-    except aiohttp.ClientError as exc:
-        out.status, out.cause, out.error = "failed", "client_error", _one_line(exc)
-        return
-    if out.http_status != 200:
-        text = " ".join(raw[:120].decode(errors="replace").split())
-        out.status, out.cause = "failed", f"http_{out.http_status}"
-        out.error = f"HTTP {out.http_status} {resp.reason}: {text}"
-        return
+    done = reply.pieces[-1][0] - t0 if reply.pieces else time.perf_counter() - t0
+    raw = reply.body()
     try:
         answer = json.loads(raw)
     except ValueError:
         out.status, out.cause = "failed", "malformed_json"
         out.error = f"the answer is not JSON: {raw[:60]!r}"
         return
-    problem = check_kserve_answer(answer, _rows(body)) if kserve else ""
+    problem = check_kserve_answer(answer, rows) if kserve else ""
     if problem:
         out.status, out.cause, out.error = "failed", "bad_response", problem
         return
     out.chunk_s.append(done)
     out.chunk_tokens.append(0)
     out.status = "ok"
+
+
+def request_sender(bodies: Mapping[int, dict[str, Any]], kserve: bool
+                   ) -> tuple[Callable[[Job], bytes], Callable[..., Awaitable[None]]]:
+    """The ``make_body`` and ``sender`` an :class:`executor.endpoint.client.OpenLoop` takes for
+    request-level jobs whose bodies (by job index) are ``bodies``; ``kserve``: validate the
+    answers as v2 inference responses.
+    """
+    encoded = {i: encode(b) for i, b in bodies.items()}
+
+    async def sender(pool: Pool, request: bytes, job: Job, out: Outcome, t0: float,
+                     _chat: bool, timeout_s: float | None) -> None:
+        await send_request(pool, request, job, out, t0, kserve, encoded[job.index][1],
+                           timeout_s)
+
+    return (lambda job: encoded[job.index][0]), sender
 
 
 def _rows(body: dict[str, Any]) -> int | None:

@@ -1,16 +1,21 @@
-"""A small OpenAI-compatible streaming server for tests and the client-overhead benchmark.
+"""A small OpenAI-compatible streaming server for the tests (the client-overhead benchmark
+uses its lean twin, :mod:`executor.endpoint.stub_lean`).
 
 It streams exactly the tokens asked for (``max_tokens``), one SSE chunk each, with usage on
 every chunk as vLLM's ``continuous_usage_stats`` does. The model name chooses a behaviour,
 ``MODE[:A[:B]][#tag]`` (the tag only keeps counters apart):
 
-* ``instant``: every token at once (the overhead benchmark);
+* ``instant``: every token at once;
 * ``timed:TTFT_MS:ITL_MS``: the first token TTFT_MS after the request, then one every ITL_MS;
 * ``errors``: answers 200, 500, 429, 503, 200, … in turn (a counter per model name);
 * ``cut``: closes the connection after half the tokens;
 * ``malformed``: the second chunk is not JSON;
 * ``few`` / ``many``: one token fewer / more than asked, then ``[DONE]``;
 * ``slow:SECONDS``: sends the headers, then waits that long before the first token.
+
+Its usage counts a completion's token-id prompt as its length, and a chat prompt as
+:data:`CHAT_TEMPLATE_TOKENS` plus one token per whitespace-separated word of the messages (a
+stand-in for a chat template and a tokenizer). ``"stream": false`` gets one JSON answer.
 
 Run it with ``python -m executor.endpoint.stub --port N``; it prints ``ready`` when serving.
 It also answers ``/health``, ``/v1/models`` and a ``/metrics`` page in vLLM's format, and
@@ -31,6 +36,7 @@ from aiohttp import web
 from executor.endpoint.stub_v2 import add_routes as add_v2_routes
 
 ERROR_CYCLE = (200, 500, 429, 503)
+CHAT_TEMPLATE_TOKENS = 7  # the stub's chat "template": what vLLM's would add around a message
 METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",enable_prefix_caching="False",num_gpu_blocks="1024"} 1.0
@@ -65,7 +71,19 @@ class Stub:
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         prompt = body.get("prompt") if not chat else body.get("messages")
         prompt_tokens = len(prompt) if isinstance(prompt, list) and not chat else 1
+        if chat:  # a chat template of CHAT_TEMPLATE_TOKENS, one token per word of the text
+            prompt_tokens = CHAT_TEMPLATE_TOKENS + sum(
+                len(str(m.get("content", "")).split()) for m in prompt or []
+                if isinstance(m, dict))
         self.counts[model] += 1
+        if body.get("stream") is False:  # one JSON answer, with usage
+            return web.json_response({
+                "id": "cmpl-stub", "object": "chat.completion" if chat else "text_completion",
+                "model": model, "choices": [{"index": 0, "finish_reason": "length", **(
+                    {"message": {"role": "assistant", "content": "t0"}} if chat else
+                    {"text": "t0"})}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                          "total_tokens": prompt_tokens + n}})
         if mode == "errors":
             status = ERROR_CYCLE[(self.counts[model] - 1) % len(ERROR_CYCLE)]
             if status != 200:

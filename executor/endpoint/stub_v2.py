@@ -6,7 +6,7 @@ Open Inference Protocol (``/v2/health/ready``, ``/v2/models/{name}``,
 The model name chooses a behaviour, ``MODE[:A[:B...]][~tag]`` (the tag keeps counters and
 batchers apart; not ``#``, which ends a URL's path):
 
-* ``instant``: answer at once (the overhead benchmark);
+* ``instant``: answer at once;
 * ``sleep:MS``: answer after MS milliseconds;
 * ``batch:MAX:WINDOW_MS:BASE_MS:PER_ITEM_MS``: a size-or-timeout batcher whose timer starts
   at the first request (Ray Serve's ``@serve.batch``), one batch at a time, each taking

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,45 @@ def bench_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-m", "servelab.cli", "bench", *args],
                           capture_output=True, text=True, timeout=timeout_s, env=env(),
                           cwd=REPO)
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """The command failed with exit 2 and one stderr line holding every needle, no
+    traceback.
+    """
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def signal_mid_run(args: list[str], first: str, sig: int, after: str | None = None,
+                   wait_s: float = 1.5, stream: str = "stderr"
+                   ) -> tuple[subprocess.Popen[str], str]:
+    """Start ``servelab ARGS``, wait for a line of ``stream`` starting with ``first`` (the
+    signal handlers are in place by then) and, when given, one containing ``after``, then
+    ``wait_s``; send ``sig``; return the finished process and the rest of its output.
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env(), cwd=REPO)
+    pipe = proc.stderr if stream == "stderr" else proc.stdout
+    assert pipe is not None
+    seen = []
+    line = pipe.readline()
+    seen.append(line)
+    assert line.startswith(first), line
+    while after is not None and after not in line:
+        line = pipe.readline()
+        seen.append(line)
+        assert line, "".join(seen)
+    time.sleep(wait_s)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    return proc, "".join(seen) + (err if stream == "stderr" else out) + (
+        out if stream == "stderr" else err)
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,30 +15,26 @@ import pytest
 
 from executor.endpoint.bench import bench
 from executor.endpoint.servers import free_port
-from tests.executor.endpoint.conftest import REPO, bench_cli, env, write_scenario
-
-
-def _one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+from tests.executor.endpoint.conftest import (
+    bench_cli,
+    one_line_error,
+    signal_mid_run,
+    write_scenario,
+)
 
 
 def test_unreachable_endpoint(tmp_path: Path) -> None:
     path = write_scenario(tmp_path / "s.yaml")
     proc = bench_cli(str(path), "--endpoint", f"http://127.0.0.1:{free_port()}")
-    _one_line_error(proc, "cannot reach", "connection refused")
+    one_line_error(proc, "cannot reach", "connection refused")
 
 
 def test_wrong_path_404(stub_url: str, tmp_path: Path) -> None:
     path = write_scenario(tmp_path / "s.yaml")
     proc = bench_cli(str(path), "--endpoint", f"{stub_url}/wrong", "--model", "instant")
-    _one_line_error(proc, "404", "--endpoint")
+    one_line_error(proc, "404", "--endpoint")
     proc = bench_cli(str(path), "--endpoint", f"{stub_url}/wrong")  # no model list there
-    _one_line_error(proc, "pass --model")
+    one_line_error(proc, "pass --model")
 
 
 @pytest.mark.parametrize(("flags", "needle"), [
@@ -51,11 +45,11 @@ def test_wrong_path_404(stub_url: str, tmp_path: Path) -> None:
 ])
 def test_bad_flags(stub_url: str, tmp_path: Path, flags: list[str], needle: str) -> None:
     path = write_scenario(tmp_path / "s.yaml")
-    _one_line_error(bench_cli(str(path), "--endpoint", stub_url, *flags), needle)
+    one_line_error(bench_cli(str(path), "--endpoint", stub_url, *flags), needle)
 
 
 def test_not_an_llm_scenario(stub_url: str) -> None:
-    _one_line_error(bench_cli("builtin:dyn-demo", "--endpoint", stub_url), "LLM scenarios")
+    one_line_error(bench_cli("builtin:dyn-demo", "--endpoint", stub_url), "LLM scenarios")
 
 
 def test_server_errors_are_counted_by_cause_and_the_run_goes_on(stub_url: str,
@@ -104,16 +98,10 @@ def test_a_signal_mid_run_keeps_what_was_measured(stub_url: str, tmp_path: Path,
                                                   sig: signal.Signals) -> None:
     path = write_scenario(tmp_path / "s.yaml", rate_rps=10, n_requests=200)
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", "bench", str(path),
-                             "--endpoint", stub_url, "--model", "timed:20:5", "--out",
-                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env(), cwd=REPO)
-    assert proc.stderr is not None
-    line = proc.stderr.readline()  # "bench: 200 requests to …": the handlers are in place
-    assert line.startswith("bench: 200 requests"), line
-    time.sleep(1.5)
-    proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=60)
+    # "bench: 200 requests to …": the handlers are in place
+    proc, stderr = signal_mid_run(["bench", str(path), "--endpoint", stub_url, "--model",
+                                   "timed:20:5", "--out", str(out)], "bench: 200 requests",
+                                  sig)
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr and "stopped at" in stderr
     requests = pd.read_parquet(out / "requests.parquet")

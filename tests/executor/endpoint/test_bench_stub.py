@@ -13,7 +13,9 @@ import pandas as pd
 import pytest
 
 from executor.endpoint.bench import _outcome_tables, bench, bench_summary, make_jobs
+from executor.endpoint.chat_prompts import ChatPrompts
 from executor.endpoint.client import Job, Outcome
+from executor.endpoint.server_info import EndpointError
 from sim.drivers.llm_simulate import llm_schedule
 from sim.scenario.llm import load_llm_scenario
 from tests.executor.endpoint.conftest import write_scenario
@@ -133,3 +135,32 @@ def test_chat_api_counts_tokens_from_the_deltas(stub_url: str, tmp_path: Path) -
     assert (result.requests["status"] == "ok").all()
     assert (result.requests["received_tokens"] == 5).all()
     assert result.meta["device"]["api"] == "openai-chat"
+
+
+def test_chat_prompts_have_the_scenarios_token_counts(stub_url: str, tmp_path: Path) -> None:
+    # the stub's template adds 7 tokens and counts one per word: the text is cut to fit
+    from executor.endpoint.stub import CHAT_TEMPLATE_TOKENS
+
+    path = write_scenario(tmp_path / "chat.yaml", n_requests=6, prompt_tokens=40,
+                          output_tokens=3)
+    result = bench(path, stub_url, api="openai-chat", model="instant")
+    req = result.requests
+    assert result.meta["chat_template_tokens"] == CHAT_TEMPLATE_TOKENS
+    assert (req["server_prompt_tokens"] == 40).all() and (req["prompt_tokens"] == 40).all()
+    assert result.summary["client"]["prompt_token_mismatches"] == 0
+    texts = {str(j.prompt) for j in make_jobs(
+        np.zeros(6), np.full(6, 40), np.full(6, 3), "openai-chat", 3, (10, 250),
+        ChatPrompts(CHAT_TEMPLATE_TOKENS, tuple("abcdefgh")))}
+    assert len(texts) == 6  # unique per request
+    # a mismatch the server reports is counted: token-id prompts the stub counts as is
+    outs = [Outcome(0, 0.0, started_s=0.0, sent_s=0.0, chunk_s=[0.1], chunk_tokens=[1],
+                    status="ok", server_prompt_tokens=41)]
+    assert _summary(outs, [Job(0, 0.0, [1], 40, 1)])["client"][
+        "prompt_token_mismatches"] == 1
+
+
+def test_chat_prompts_shorter_than_the_template_are_refused(stub_url: str,
+                                                           tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "chat.yaml", n_requests=2, prompt_tokens=5)
+    with pytest.raises(EndpointError, match="prompt_tokens 5: the server's chat template"):
+        bench(path, stub_url, api="openai-chat", model="instant")

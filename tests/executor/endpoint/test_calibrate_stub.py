@@ -12,6 +12,7 @@ machine) is probed in the test against the same stub with no wait.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from calibration.step_profile import StepProfile, load_step_profile
 from executor.endpoint import probes
 from executor.endpoint.calibrate import calibrate_endpoint
 from executor.endpoint.compare_endpoint import compare_endpoint
-from tests.executor.endpoint.conftest import REPO, env, write_scenario
+from tests.executor.endpoint.conftest import REPO, env, signal_mid_run, write_scenario
 
 TTFT_MS, ITL_MS = 60.0, 10.0
 MODEL = f"timed:{TTFT_MS:g}:{ITL_MS:g}"
@@ -177,3 +178,68 @@ def test_compare_endpoint_needs_a_profile(stub_url: str, tmp_path: Path) -> None
     _one_line_error(_cli("compare", str(scenario), "--endpoint", stub_url, "--profile",
                          str(tmp_path / "none.json"), "--out", str(tmp_path / "o")),
                     "--profile", "none.json")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_calibrate_writes_the_points_measured(stub_url: str, tmp_path: Path,
+                                                              sig: signal.Signals) -> None:
+    out = tmp_path / "p.json"
+    # stopped during the decode probes, after the second decode point came
+    proc, text = signal_mid_run(
+        ["calibrate", "--endpoint", stub_url, "--model", MODEL, "--reps", "3", "--budget-s",
+         "120", "--out", str(out)], "plan", sig, after="decode   2 seqs", wait_s=0.3,
+        stream="stdout")
+    assert proc.returncode == 0, text
+    assert "Traceback" not in text and "interrupted — partial profile" in text, text
+    profile = load_step_profile(out)
+    partial = profile.meta["partial"]
+    assert partial["stopped_by"] == sig.name
+    assert partial["prefill_points"] == partial["planned_prefill_points"]
+    assert 2 <= partial["decode_points"] < partial["planned_decode_points"]
+    assert profile.decode_seqs[:3] == [0, 1, 2]
+    # what was measured is the stub's: one decode step every 10 ms
+    assert profile.step_s(0, 2, 2 * profile.context_tokens[0]) * 1e3 == pytest.approx(
+        ITL_MS, abs=1.5)
+    fragment = yaml.safe_load(out.with_suffix(".scenario.yaml").read_text())
+    assert fragment["service"]["kind"] == "llm_profile"
+
+
+def test_a_signal_before_enough_points_keeps_the_samples(stub_url: str,
+                                                         tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    proc, text = signal_mid_run(
+        ["calibrate", "--endpoint", stub_url, "--model", MODEL, "--reps", "3", "--budget-s",
+         "120", "--out", str(out)], "plan", signal.SIGINT, wait_s=0.0, stream="stdout")
+    assert proc.returncode == 0, text
+    assert "Traceback" not in text and "not a usable profile" in text, text
+    assert not out.exists()
+    raw = json.loads(out.with_suffix(".partial.json").read_text())
+    assert raw["partial"]["stopped_by"] == "SIGINT"
+    assert raw["partial"]["decode_points"] == 0
+
+
+def test_compare_endpoint_sweep_writes_one_comparison_per_load(
+        stub_url: str, profile_path: Path, tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path / "sw.yaml", kind="poisson", rate_rps=8,
+                              n_requests=16, prompt_tokens=40, output_tokens=16)
+    out = tmp_path / "sweep"
+    proc = _cli("compare", str(scenario), "--endpoint", stub_url, "--profile",
+                str(profile_path), "--sweep", "0.3,0.6", "--repeats", "1", "--probe", "off",
+                "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "fidelity curve" in proc.stdout and "Traceback" not in proc.stderr
+    offered = {}
+    for rho in ("0.3", "0.6"):
+        data = json.loads((out / f"rho-{rho}" / "compare.json").read_text())
+        assert data["driver"] == "bench" and data["model"] == MODEL
+        assert (out / f"rho-{rho}" / "bench-1" / "requests.parquet").is_file()
+        offered[rho] = data["offered_rps"]
+    assert offered["0.6"] == pytest.approx(2 * offered["0.3"], rel=0.35)  # 16 requests each
+    curve = json.loads((out / "fidelity.json").read_text())
+    assert {r["target_rho"] for r in curve["rows"]} == {0.3, 0.6}
+    assert curve["capacity_rps"] > 0
+    rate = {r["target_rho"]: r["rate_rps"] for r in curve["rows"]}
+    assert rate[0.6] == pytest.approx(2 * rate[0.3])
+    bad = _cli("compare", str(scenario), "--endpoint", stub_url, "--profile",
+               str(profile_path), "--sweep", "2", "--out", str(tmp_path / "bad"))
+    _one_line_error(bad, "--sweep rho=2: must lie in (0, 1.5)")

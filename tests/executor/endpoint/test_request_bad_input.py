@@ -19,7 +19,13 @@ import yaml
 
 from executor.endpoint.request_bench import bench_requests
 from executor.endpoint.servers import free_port
-from tests.executor.endpoint.conftest import REPO, bench_cli, env
+from tests.executor.endpoint.conftest import (
+    REPO,
+    bench_cli,
+    env,
+    one_line_error,
+    signal_mid_run,
+)
 
 
 def write_rl_scenario(path: Path, model: str = "instant", **workload: Any) -> Path:
@@ -35,30 +41,21 @@ def write_rl_scenario(path: Path, model: str = "instant", **workload: Any) -> Pa
     return path
 
 
-def _one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
 def test_unreachable_endpoint(tmp_path: Path) -> None:
     path = write_rl_scenario(tmp_path / "s.yaml")
     proc = bench_cli(str(path), "--endpoint", f"http://127.0.0.1:{free_port()}", "--api",
                      "kserve-v2")
-    _one_line_error(proc, "cannot reach", "connection refused")
+    one_line_error(proc, "cannot reach", "connection refused")
 
 
 def test_unknown_model_and_wrong_path_404(stub_url: str, tmp_path: Path) -> None:
     path = write_rl_scenario(tmp_path / "s.yaml")
     proc = bench_cli(str(path), "--endpoint", stub_url, "--api", "kserve-v2", "--model",
                      "nosuch")
-    _one_line_error(proc, "404", "no model 'nosuch'")
+    one_line_error(proc, "404", "no model 'nosuch'")
     proc = bench_cli(str(path), "--endpoint", stub_url, "--api", "http-json", "--set",
                      "payload.path=/wrong")
-    _one_line_error(proc, "404", "--api")
+    one_line_error(proc, "404", "--api")
 
 
 @pytest.mark.parametrize(("args", "needle"), [
@@ -74,7 +71,7 @@ def test_unknown_model_and_wrong_path_404(stub_url: str, tmp_path: Path) -> None
 def test_bad_flags_and_payloads(stub_url: str, tmp_path: Path, args: list[str],
                                 needle: str) -> None:
     path = write_rl_scenario(tmp_path / "s.yaml")
-    _one_line_error(bench_cli(str(path), "--endpoint", stub_url, *args), needle)
+    one_line_error(bench_cli(str(path), "--endpoint", stub_url, *args), needle)
 
 
 def test_malformed_or_wrong_answers_stop_before_the_run(stub_url: str, tmp_path: Path) -> None:
@@ -82,7 +79,7 @@ def test_malformed_or_wrong_answers_stop_before_the_run(stub_url: str, tmp_path:
     for model, needle in (("malformed", "not JSON"), ("badshape", "expected 1 rows")):
         proc = bench_cli(str(path), "--endpoint", stub_url, "--api", "kserve-v2", "--model",
                          model)
-        _one_line_error(proc, needle)
+        one_line_error(proc, needle)
 
 
 def test_server_errors_are_counted_by_cause_and_the_run_goes_on(stub_url: str,
@@ -136,16 +133,8 @@ def test_a_signal_mid_run_keeps_what_was_measured(stub_url: str, tmp_path: Path,
     path = write_rl_scenario(tmp_path / "s.yaml", model="sleep:20", rate_rps=10,
                              n_requests=200)
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", "bench", str(path),
-                             "--endpoint", stub_url, "--api", "kserve-v2", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env(), cwd=REPO)
-    assert proc.stderr is not None
-    line = proc.stderr.readline()  # "bench: 200 requests to …": the handlers are in place
-    assert line.startswith("bench: 200 requests"), line
-    time.sleep(1.5)
-    proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=60)
+    proc, stderr = signal_mid_run(["bench", str(path), "--endpoint", stub_url, "--api",
+                                   "kserve-v2", "--out", str(out)], "bench: 200 requests", sig)
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr and "stopped at" in stderr
     requests = pd.read_parquet(out / "requests.parquet")
@@ -173,7 +162,7 @@ def test_calibrate_endpoint_bad_flags(stub_url: str, tmp_path: Path, args: list[
                                       needle: str) -> None:
     base = ["--endpoint", stub_url, "--api", "kserve-v2", "--endpoint-model", "instant",
             "--out", str(tmp_path / "p.json")]
-    _one_line_error(_calibrate_cli(*base, *args), needle)
+    one_line_error(_calibrate_cli(*base, *args), needle)
 
 
 def test_calibrate_endpoint_cli_writes_a_profile_simulate_reads(stub_url: str,
@@ -189,3 +178,23 @@ def test_calibrate_endpoint_cli_writes_a_profile_simulate_reads(stub_url: str,
                                "policy.max_batch_size=2"],
                               capture_output=True, text=True, timeout=120, env=env(), cwd=REPO)
     assert sim_proc.returncode == 0, sim_proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_calibrate_endpoint_signal_keeps_the_bursts_done(stub_url: str, tmp_path: Path,
+                                                         sig: signal.Signals) -> None:
+    out = tmp_path / "p.json"
+    # 3 sizes x 30 bursts of a 20 ms model: about 10 s planned; stopped after ~1.5 s
+    proc, text = signal_mid_run(
+        ["calibrate", "--endpoint", stub_url, "--api", "kserve-v2", "--endpoint-model",
+         f"sleep:20~{sig.name}", "--batch-sizes", "1,2,4", "--reps", "30", "--out", str(out)],
+        "calibrating", sig, stream="stdout")
+    assert proc.returncode == 0, text
+    assert "Traceback" not in text and "interrupted — partial profile" in text, text
+    profile = json.loads(out.read_text())
+    partial = profile["endpoint"]["partial"]
+    assert partial["stopped_by"] == sig.name
+    assert 0 < partial["bursts_done"] < partial["bursts_planned"] == 90
+    counts = {int(n): len(v) for n, v in profile["samples_s"].items()}
+    assert sum(counts.values()) == partial["bursts_done"]
+    assert counts == {int(n): k for n, k in partial["per_size"].items() if k}
