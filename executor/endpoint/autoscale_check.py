@@ -1,0 +1,245 @@
+"""Ray Serve's autoscaler against servelab's ``target`` autoscaler on one burst day.
+
+A Ray Serve deployment of the ``sleep`` model (:mod:`executor.endpoint.ray_app`: a batch of n
+takes ``base_ms + per_item_ms * n`` of ``asyncio.sleep``, a service time that does not depend
+on how busy the CPU is, so replicas of it do not slow each other down on a small machine)
+with an ``autoscaling_config`` and a controlled start-up delay is driven by ``servelab bench``
+on a burst day (a trace: low, burst, low). The deployment's replica counts by state are polled
+from the controller (``serve.status()``) every quarter second into the bench run directory
+(``ray_replicas.csv``); ``servelab simulate`` predicts the same day with the ``target``
+autoscaler configured as Ray is.
+
+How Ray Serve 2.60's default policy maps onto ``target`` (read from its
+``autoscaling_policy.py`` and ``_private/autoscaling_state.py``):
+
+* desired = total ongoing requests / ``target_ongoing_requests``, where the total is the
+  time-weighted mean, over ``look_back_period_s``, of the requests each handle (the HTTP
+  proxy's router) has sent and not yet had answered plus those it holds queued: queued in the
+  replica's batcher plus running, which is servelab's ``queued + running``;
+* the gauges are recorded every ``0.2 x look_back_period_s`` (``RAY_SERVE_AUTOSCALING_METRIC_
+  RECORD_INTERVAL_FACTOR``), so servelab's ``control_period_s`` is set to that;
+* the decision must hold for ``upscale_delay_s`` / ``downscale_delay_s`` (Ray counts
+  consecutive 0.1 s control loops; servelab the time since the decision first held);
+* the change is scaled by ``upscaling_factor`` / ``downscaling_factor`` from the running
+  count and compared with the target count (running + starting), as servelab compares with
+  ``ready + starting``.
+
+What ``target`` does not model, and how the check keeps it out: Ray pushes the gauges to the
+controller every 10 s by default (``RAY_SERVE_*_AUTOSCALING_METRIC_PUSH_INTERVAL_S``); the
+check sets both to 0.2 s so the controller sees them at once, as servelab's autoscaler does.
+The proxy's own time is inside Ray's ongoing count but not servelab's (it is added to the
+predicted latency as the single-request overhead measured in the same run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+import sim
+from executor.endpoint.rayserve import RayServeApp
+from executor.endpoint.request_bench import bench_requests
+from executor.endpoint.venvs import ServerEnv
+
+PUSH_ENV = {"RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.2",
+            "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.2"}
+RECORD_FACTOR = 0.2  # Ray's RAY_SERVE_AUTOSCALING_METRIC_RECORD_INTERVAL_FACTOR
+PAYLOAD = {"model": "sleep", "inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 2]}]}
+
+
+@dataclass(frozen=True)
+class AutoscaleDay:
+    """The deployment, its autoscaling settings and the burst day.
+
+    Attributes:
+        phases: ``(duration_s, rate_rps)`` of each part of the day (Poisson inside).
+    """
+
+    phases: Sequence[tuple[float, float]] = ((8.0, 10.0), (16.0, 150.0), (20.0, 10.0))
+    base_ms: float = 20.0
+    per_item_ms: float = 5.0
+    max_batch_size: int = 4
+    batch_wait_ms: float = 5.0
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_ongoing_requests: float = 2.0
+    upscale_delay_s: float = 1.0
+    downscale_delay_s: float = 5.0
+    look_back_period_s: float = 2.0
+    startup_delay_s: float = 2.0
+    max_ongoing_requests: int = 64
+    seed: int = 11
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def length_s(self) -> float:
+        """The day's length."""
+        return float(sum(d for d, _ in self.phases))
+
+    def ray_config(self, replica_log: Path) -> dict[str, Any]:
+        """The Ray application's settings (:mod:`executor.endpoint.ray_app`)."""
+        return {"model": "sleep", "model_name": "sleep", "max_batch_size": self.max_batch_size,
+                "batch_wait_timeout_s": self.batch_wait_ms / 1e3,
+                "sleep_base_ms": self.base_ms, "sleep_per_item_ms": self.per_item_ms,
+                "startup_delay_s": self.startup_delay_s,
+                "max_ongoing_requests": self.max_ongoing_requests,
+                "replica_log": str(replica_log),
+                "autoscaling_config": {
+                    "min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                    "initial_replicas": self.min_replicas,
+                    "target_ongoing_requests": self.target_ongoing_requests,
+                    "upscale_delay_s": self.upscale_delay_s,
+                    "downscale_delay_s": self.downscale_delay_s,
+                    "look_back_period_s": self.look_back_period_s,
+                    "metrics_interval_s": float(PUSH_ENV[
+                        "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S"])}}
+
+    def trace(self, path: Path) -> Path:
+        """Write the day's arrival times (seeded Poisson per phase) as a CSV trace."""
+        rng = np.random.default_rng(self.seed)
+        times, start = [], 0.0
+        for duration, rate in self.phases:
+            n = rng.poisson(rate * duration)
+            times.append(start + np.sort(rng.uniform(0.0, duration, n)))
+            start += duration
+        pd.DataFrame({"t": np.concatenate(times)}).to_csv(path, index=False)
+        return path
+
+    def scenario(self, trace: Path, cold_start_s: float) -> dict[str, Any]:
+        """The servelab scenario for the day: the same batcher, p2c routing, ``target``."""
+        return {"name": "ray-autoscale-day", "seed": self.seed,
+                "service": {"kind": "linear", "base_ms": self.base_ms,
+                            "per_item_ms": self.per_item_ms, "deterministic": True},
+                "workload": {"kind": "trace", "path": str(trace), "timestamp_column": "t"},
+                "policy": {"kind": "dynamic", "max_batch_size": self.max_batch_size,
+                           "max_wait_ms": self.batch_wait_ms, "timer": "first"},
+                "routing": "p2c", "warmup_s": 0, "payload": PAYLOAD,
+                "autoscaling": {
+                    "kind": "target", "min_replicas": self.min_replicas,
+                    "max_replicas": self.max_replicas,
+                    "target_ongoing_requests": self.target_ongoing_requests,
+                    "upscale_delay_s": self.upscale_delay_s,
+                    "downscale_delay_s": self.downscale_delay_s,
+                    "look_back_period_s": self.look_back_period_s,
+                    "control_period_s": RECORD_FACTOR * self.look_back_period_s,
+                    "cold_start_s": cold_start_s}}
+
+
+def read_replica_log(path: Path, t0_unix: float) -> pd.DataFrame:
+    """Ray's replica counts over time: ``time_s`` (from ``t0_unix``), ``running``,
+    ``starting``, ``held`` (running + starting + stopping: the replicas that exist).
+    """
+    rows = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        states = rec["states"]
+        if "error" in states:
+            continue
+        running, starting = int(states.get("RUNNING", 0)), int(states.get("STARTING", 0))
+        held = running + starting + int(states.get("STOPPING", 0))
+        rows.append((rec["t"] - t0_unix, running, starting, held))
+    return pd.DataFrame(rows, columns=["time_s", "running", "starting", "held"])
+
+
+def step_metrics(t_s: np.ndarray, held: np.ndarray, lo_s: float, hi_s: float
+                 ) -> dict[str, float]:
+    """Replica-seconds over [lo, hi] of a step series, its upscales (increases of the count
+    inside the window) and its largest count.
+    """
+    inside = (t_s >= lo_s) & (t_s <= hi_s)
+    edges = np.clip(np.append(t_s, hi_s), lo_s, hi_s)
+    seconds = float(np.sum(held * np.diff(edges)))
+    before = held[max(int(np.searchsorted(t_s, lo_s, side="right")) - 1, 0)]
+    seq = np.append(before, held[inside])
+    return {"replica_seconds": seconds, "upscales": int(np.sum(np.diff(seq) > 0)),
+            "max_replicas": int(seq.max()) if seq.size else 0}
+
+
+def cold_starts_s(log: pd.DataFrame) -> list[float]:
+    """For each upscale in Ray's log: the time until that many replicas were running."""
+    t, held, running = (log[c].to_numpy() for c in ("time_s", "held", "running"))
+    out = []
+    for k in np.flatnonzero(np.diff(held) > 0) + 1:
+        later = np.flatnonzero((running >= held[k]) & (t >= t[k]))
+        if later.size:
+            out.append(float(t[later[0]] - t[k - 1]))  # the rise happened after t[k-1]
+    return out
+
+
+def _post_single(url: str) -> float:
+    body = {"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32",
+                        "data": [0.5, 0.5]}]}
+    req = urllib.request.Request(f"{url}/v2/models/sleep/infer", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        resp.read()
+    return time.perf_counter() - t0
+
+
+def run_day(env: ServerEnv, day: AutoscaleDay, out_dir: Path) -> dict[str, Any]:
+    """One live day against Ray Serve and servelab's prediction of it.
+
+    Writes the bench run directory (``out_dir/live``, with ``ray_replicas.csv``), the
+    simulated run (``out_dir/sim``) and returns both sides' metrics.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / "ray_replicas.jsonl"
+    log_path.unlink(missing_ok=True)
+    trace = day.trace(out_dir / "day.csv")
+    clients: list[Any] = []
+    with RayServeApp(env, day.ray_config(log_path), environ=dict(PUSH_ENV)) as app:
+        singles = [_post_single(app.url) for _ in range(12)]
+        overhead_ms = max(1e3 * float(np.median(singles)) - day.batch_wait_ms
+                          - day.base_ms - day.per_item_ms, 0.0)
+        time.sleep(day.look_back_period_s)  # the singles out of the look-back window
+        measured = bench_requests(day.scenario(trace, day.startup_delay_s), app.url,
+                                  api="kserve-v2", on_client=clients.append)
+        t0_unix = clients[0].t0 + (time.time() - time.perf_counter())
+        time.sleep(0.5)  # the poller's last lines
+    live_dir = Path(measured.write(out_dir / "live"))
+    log = read_replica_log(log_path, t0_unix)
+    log.to_csv(live_dir / "ray_replicas.csv", index=False)
+    starts = cold_starts_s(log)
+    cold_s = float(np.median(starts)) if starts else day.startup_delay_s
+    predicted = sim.run(day.scenario(trace, cold_s))
+    predicted.write(out_dir / "sim")
+    hi = day.length_s
+    series = predicted.replicas
+    assert series is not None  # an autoscaled run keeps its replica counts
+    sim_steps = step_metrics(series["time_s"].to_numpy(float),
+                             series["replicas"].to_numpy(float), 0.0, hi)
+    live_steps = step_metrics(log["time_s"].to_numpy(float), log["held"].to_numpy(float),
+                              0.0, hi)
+    ok = measured.requests[measured.requests["status"] == "ok"]
+    lat_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
+    sim_lat = predicted.summary["latency_ms"]
+    return {"day": {**asdict(day), "phases": [list(p) for p in day.phases]},
+            "overhead_ms": overhead_ms, "cold_start_s": {"controlled": day.startup_delay_s,
+                                                         "measured": starts},
+            "live": {**live_steps, "latency_p99_ms": float(np.percentile(lat_ms, 99)),
+                     "latency_p50_ms": float(np.percentile(lat_ms, 50)),
+                     "failed": int(measured.summary["failed"]),
+                     "requests": len(measured.requests)},
+            "predicted": {**sim_steps, "latency_p99_ms": sim_lat["p99"] + overhead_ms,
+                          "latency_p50_ms": sim_lat["p50"] + overhead_ms},
+            "timeline": {"live": log[["time_s", "held", "running"]].round(3).values.tolist(),
+                         "predicted": series[["time_s", "replicas"]].round(3).values.tolist()},
+            "run_dir": str(live_dir)}
+
+
+def errors(row: dict[str, Any]) -> dict[str, float]:
+    """The prediction's errors: relative for replica-seconds and P99, absolute upscales."""
+    live, pred = row["live"], row["predicted"]
+    rel = {k: (pred[k] - live[k]) / live[k] if live[k] else math.nan
+           for k in ("replica_seconds", "latency_p99_ms", "latency_p50_ms")}
+    return {**rel, "upscales": float(pred["upscales"] - live["upscales"])}
