@@ -8,7 +8,8 @@ Protocol through ``kserve.ModelServer``'s REST server (KServe's own routes, requ
 and errors: ``/v2/health/*``, ``/v2/models/{name}``, ``/v2/models/{name}/ready``,
 ``POST /v2/models/{name}/infer``; gRPC off). The input is one BYTES tensor of shape ``[n]``
 (n sentences); the output ``embedding`` is FP32 ``[n, 384]``, normalised mean-pooled
-embeddings as servelab's MiniLM runner computes them.
+embeddings as servelab's MiniLM runner computes them; the response's ``parameters`` name the
+batch the request ran in (``batch_id``, ``batch_size``), for tests.
 
 Batching: KServe's own batcher lives in its agent sidecar and speaks only the v1 protocol,
 so the model batches in-process: requests arriving while a batch is being formed join it
@@ -70,6 +71,14 @@ class MiniLM(Model):  # type: ignore[misc]
         self.ready = True
         return True
 
+    def get_input_types(self) -> list[dict[str, Any]]:
+        """The model metadata's inputs: one BYTES tensor of n sentences."""
+        return [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        """The model metadata's outputs: n embeddings of 384 FP32 values."""
+        return [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}]
+
     def _embed(self, texts: list[str]) -> Any:
         torch.set_num_threads(1)
         with torch.inference_mode():
@@ -115,10 +124,10 @@ class MiniLM(Model):  # type: ignore[misc]
                         fut.set_exception(exc)
                 return
             self.batches.append((len(batch), start, time.time()))
-            k = 0
+            k, batch_id = 0, len(self.batches)
             for texts, fut in batch:
                 if not fut.done():
-                    fut.set_result(vectors[k:k + len(texts)])
+                    fut.set_result((vectors[k:k + len(texts)], batch_id, len(batch)))
                 k += len(texts)
 
     async def _window(self) -> None:
@@ -136,11 +145,14 @@ class MiniLM(Model):  # type: ignore[misc]
             asyncio.get_running_loop().create_task(self._flush())
         elif self.timer is None:
             self.timer = asyncio.get_running_loop().create_task(self._window())
-        vectors = await fut
+        vectors, batch_id, batch_size = await fut
         out = InferOutput(name="embedding", shape=list(vectors.shape), datatype="FP32")
         out.set_data_from_numpy(vectors, binary_data=False)
+        # the batch it ran in, as response parameters (the protocol's free-form extension):
+        # tests check the batcher with them; a black-box client ignores them
         return InferResponse(response_id=payload.id or "", model_name=self.name,
-                             infer_outputs=[out])
+                             infer_outputs=[out],
+                             parameters={"batch_id": batch_id, "batch_size": batch_size})
 
 
 def _loopback_only() -> None:
