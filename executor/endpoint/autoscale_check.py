@@ -64,9 +64,9 @@ class AutoscaleDay:
         phases: ``(duration_s, rate_rps)`` of each part of the day (Poisson inside).
     """
 
-    phases: Sequence[tuple[float, float]] = ((8.0, 10.0), (16.0, 150.0), (20.0, 10.0))
-    base_ms: float = 20.0
-    per_item_ms: float = 5.0
+    phases: Sequence[tuple[float, float]] = ((8.0, 4.0), (16.0, 40.0), (20.0, 4.0))
+    base_ms: float = 50.0
+    per_item_ms: float = 10.0
     max_batch_size: int = 4
     batch_wait_ms: float = 5.0
     min_replicas: int = 1
@@ -186,33 +186,63 @@ def _post_single(url: str) -> float:
     return time.perf_counter() - t0
 
 
-def run_day(env: ServerEnv, day: AutoscaleDay, out_dir: Path) -> dict[str, Any]:
-    """One live day against Ray Serve and servelab's prediction of it.
+def _wait_for_min(log_path: Path, n: int, timeout_s: float) -> None:
+    """Wait until Ray's latest poll shows ``n`` replicas held and none starting."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        lines = log_path.read_text().splitlines() if log_path.exists() else []
+        if lines:
+            states = json.loads(lines[-1])["states"]
+            held = sum(int(v) for k, v in states.items() if k in ("RUNNING", "STARTING",
+                                                                  "STOPPING"))
+            if held == n and not states.get("STARTING"):
+                return
+        time.sleep(0.25)
 
-    Writes the bench run directory (``out_dir/live``, with ``ray_replicas.csv``), the
-    simulated run (``out_dir/sim``) and returns both sides' metrics.
+
+def run_days(env: ServerEnv, day: AutoscaleDay, out_dir: Path, runs: int = 1
+             ) -> list[dict[str, Any]]:
+    """``runs`` live days against one Ray Serve application (each starting from
+    ``min_replicas``, a fresh seed each) and servelab's prediction of each.
+
+    Writes each bench run directory (``out_dir/runK/live``, with Ray's replica counts in
+    ``ray_replicas.csv``) and the simulated run (``out_dir/runK/sim``); returns both sides'
+    metrics per run.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "ray_replicas.jsonl"
     log_path.unlink(missing_ok=True)
-    trace = day.trace(out_dir / "day.csv")
-    clients: list[Any] = []
+    rows = []
     with RayServeApp(env, day.ray_config(log_path), environ=dict(PUSH_ENV)) as app:
         singles = [_post_single(app.url) for _ in range(12)]
         overhead_ms = max(1e3 * float(np.median(singles)) - day.batch_wait_ms
                           - day.base_ms - day.per_item_ms, 0.0)
-        time.sleep(day.look_back_period_s)  # the singles out of the look-back window
-        measured = bench_requests(day.scenario(trace, day.startup_delay_s), app.url,
-                                  api="kserve-v2", on_client=clients.append)
-        t0_unix = clients[0].t0 + (time.time() - time.perf_counter())
-        time.sleep(0.5)  # the poller's last lines
-    live_dir = Path(measured.write(out_dir / "live"))
-    log = read_replica_log(log_path, t0_unix)
+        for k in range(runs):
+            _wait_for_min(log_path, day.min_replicas, 4 * day.downscale_delay_s + 30)
+            time.sleep(day.look_back_period_s)  # the last requests out of the look-back
+            today = AutoscaleDay(**{**asdict(day), "seed": day.seed + k})
+            run_dir = out_dir / f"run{k + 1}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            trace = today.trace(run_dir / "day.csv")
+            clients: list[Any] = []
+            measured = bench_requests(today.scenario(trace, day.startup_delay_s), app.url,
+                                      api="kserve-v2", on_client=clients.append)
+            t0_unix = clients[0].t0 + (time.time() - time.perf_counter())
+            time.sleep(0.5)  # the poller's last lines
+            rows.append(_compare(today, trace, measured, read_replica_log(log_path, t0_unix),
+                                 overhead_ms, run_dir))
+    return rows
+
+
+def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
+             overhead_ms: float, run_dir: Path) -> dict[str, Any]:
+    live_dir = Path(measured.write(run_dir / "live"))
+    log = log[(log["time_s"] >= -1.0) & (log["time_s"] <= day.length_s + 1.0)]
     log.to_csv(live_dir / "ray_replicas.csv", index=False)
     starts = cold_starts_s(log)
     cold_s = float(np.median(starts)) if starts else day.startup_delay_s
     predicted = sim.run(day.scenario(trace, cold_s))
-    predicted.write(out_dir / "sim")
+    predicted.write(run_dir / "sim")
     hi = day.length_s
     series = predicted.replicas
     assert series is not None  # an autoscaled run keeps its replica counts
@@ -225,7 +255,8 @@ def run_day(env: ServerEnv, day: AutoscaleDay, out_dir: Path) -> dict[str, Any]:
     sim_lat = predicted.summary["latency_ms"]
     return {"day": {**asdict(day), "phases": [list(p) for p in day.phases]},
             "overhead_ms": overhead_ms, "cold_start_s": {"controlled": day.startup_delay_s,
-                                                         "measured": starts},
+                                                         "measured": starts,
+                                                         "simulated": cold_s},
             "live": {**live_steps, "latency_p99_ms": float(np.percentile(lat_ms, 99)),
                      "latency_p50_ms": float(np.percentile(lat_ms, 50)),
                      "failed": int(measured.summary["failed"]),
