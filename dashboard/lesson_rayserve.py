@@ -1,0 +1,99 @@
+"""The autoscaling lesson's check against a real system: servelab's predicted replica count
+beside the count Ray Serve's controller reported, on the same burst day, from the committed
+result of ``benchmarks/fidelity_rayserve_autoscale.py`` (nothing is run here).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from dashboard.i18n import chart, frame
+from dashboard.state import fmt
+
+RESULT = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / \
+    "fidelity_rayserve_autoscale.json"
+
+TEXT = {
+    "en": "**Against a real autoscaler.** Ray Serve ran a deployment with the same rule "
+          "(min {min}, max {max} replicas, `target_ongoing_requests` {target}, "
+          "`upscale_delay_s` {up}, `downscale_delay_s` {down}) on a burst day "
+          "({phases}); its controller's replica count was polled every 0.25 s. servelab "
+          "predicted the same day with its `target` autoscaler. The service is a calibrated "
+          "sleep (a batch of n takes {a} + {b}·n ms), so replicas on this small machine do "
+          "not slow each other down.",
+    "zh": "**与真实的自动扩缩容对照。** Ray Serve 用同样的规则（副本数最少 {min}、最多 {max}，"
+          "`target_ongoing_requests` {target}，`upscale_delay_s` {up}，`downscale_delay_s` "
+          "{down}）在一个突发日（{phases}）上运行，每 0.25 秒读取一次其控制器报告的副本数；"
+          "servelab 用 `target` 自动扩缩容预测同一天。服务是校准过的休眠（n 个请求的批次耗时 "
+          "{a} + {b}·n 毫秒），因此在这台小机器上副本之间不会互相拖慢。",
+}
+
+
+@cache
+def load_result(path: Path = RESULT) -> dict[str, Any] | None:
+    """The committed benchmark result (None when it is absent)."""
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def replica_figure(run: dict[str, Any]) -> go.Figure:
+    """Ray Serve's replica count (replicas that exist, and those running) beside
+    servelab's prediction, over the day.
+    """
+    live = pd.DataFrame(run["timeline"]["live"], columns=["time_s", "held", "running"])
+    pred = pd.DataFrame(run["timeline"]["predicted"], columns=["time_s", "replicas"])
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=live["time_s"], y=live["held"], mode="lines",
+                             line_shape="hv", name="Ray Serve replicas"))
+    fig.add_trace(go.Scatter(x=live["time_s"], y=live["running"], mode="lines",
+                             line_shape="hv", line={"dash": "dot"},
+                             name="Ray Serve replicas running"))
+    fig.add_trace(go.Scatter(x=pred["time_s"], y=pred["replicas"], mode="lines",
+                             line_shape="hv", name="servelab predicted replicas"))
+    fig.update_layout(title="Replicas over the burst day: Ray Serve vs servelab",
+                      xaxis_title="time (s)", yaxis_title="replicas", height=320)
+    return fig
+
+
+def ray_autoscale_panel(lang: str) -> None:
+    """The comparison: text, the replica-count figure for a chosen run, the error table."""
+    data = load_result()
+    if data is None:
+        st.caption("benchmarks/results/fidelity_rayserve_autoscale.json is missing"
+                   if lang == "en" else "缺少 benchmarks/results/fidelity_rayserve_autoscale.json")
+        return
+    day = data["day"]
+    unit = "s at" if lang == "en" else "秒，每秒"
+    phases = ", ".join(f"{d:g} {unit} {r:g}" + ("" if lang == "en" else " 个请求")
+                       for d, r in day["phases"])
+    st.markdown(TEXT[lang].format(min=day["min_replicas"], max=day["max_replicas"],
+                                  target=day["target_ongoing_requests"],
+                                  up=day["upscale_delay_s"], down=day["downscale_delay_s"],
+                                  phases=phases, a=day["base_ms"], b=day["per_item_ms"]))
+    runs = data["runs"]
+    k = st.radio("run" if lang == "en" else "运行", list(range(1, len(runs) + 1)),
+                 horizontal=True, key="l9-ray-run") - 1
+    chart(replica_figure(runs[k]))
+    rows = []
+    for i, (run, err) in enumerate(zip(runs, data["errors"], strict=True), start=1):
+        live, pred = run["live"], run["predicted"]
+        rows.append({"run": str(i),
+                     "replica-seconds, Ray / servelab": f"{fmt(live['replica_seconds'], 1)} / "
+                                                        f"{fmt(pred['replica_seconds'], 1)}",
+                     "replica-seconds error %": fmt(100 * err["replica_seconds"], 1),
+                     "upscales, Ray / servelab": f"{run['live']['upscales']} / "
+                                                 f"{run['predicted']['upscales']}",
+                     "P99 ms, Ray / servelab": f"{fmt(run['live']['latency_p99_ms'])} / "
+                                               f"{fmt(run['predicted']['latency_p99_ms'])}",
+                     "P99 error %": fmt(100 * err["latency_p99_ms"], 1)})
+    st.dataframe(frame(pd.DataFrame(rows)), hide_index=True)
