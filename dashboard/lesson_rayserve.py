@@ -53,12 +53,12 @@ def replica_figure(run: dict[str, Any]) -> go.Figure:
     live = pd.DataFrame(run["timeline"]["live"], columns=["time_s", "held", "running"])
     pred = pd.DataFrame(run["timeline"]["predicted"], columns=["time_s", "replicas"])
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=live["time_s"], y=live["held"], mode="lines",
+    fig.add_trace(go.Scatter(x=live["time_s"].tolist(), y=live["held"].tolist(), mode="lines",
                              line_shape="hv", name="Ray Serve replicas"))
-    fig.add_trace(go.Scatter(x=live["time_s"], y=live["running"], mode="lines",
+    fig.add_trace(go.Scatter(x=live["time_s"].tolist(), y=live["running"].tolist(), mode="lines",
                              line_shape="hv", line={"dash": "dot"},
                              name="Ray Serve replicas running"))
-    fig.add_trace(go.Scatter(x=pred["time_s"], y=pred["replicas"], mode="lines",
+    fig.add_trace(go.Scatter(x=pred["time_s"].tolist(), y=pred["replicas"].tolist(), mode="lines",
                              line_shape="hv", name="servelab predicted replicas"))
     fig.update_layout(title="Replicas over the burst day: Ray Serve vs servelab",
                       xaxis_title="time (s)", yaxis_title="replicas", height=320)

@@ -114,11 +114,15 @@ class AutoscaleDay:
         pd.DataFrame({"t": np.concatenate(times)}).to_csv(path, index=False)
         return path
 
-    def scenario(self, trace: Path, cold_start_s: float) -> dict[str, Any]:
-        """The servelab scenario for the day: the same batcher, p2c routing, ``target``."""
-        return {"name": "ray-autoscale-day", "seed": self.seed,
-                "service": {"kind": "linear", "base_ms": self.base_ms,
-                            "per_item_ms": self.per_item_ms, "deterministic": True},
+    def scenario(self, trace: Path, cold_start_s: float, profile: Path | None = None
+                 ) -> dict[str, Any]:
+        """The servelab scenario for the day: the same batcher, p2c routing, ``target``;
+        the service is the nominal sleep, or ``profile`` (calibrated through the endpoint).
+        """
+        service = ({"kind": "profile", "path": str(profile)} if profile is not None else
+                   {"kind": "linear", "base_ms": self.base_ms, "per_item_ms": self.per_item_ms,
+                    "deterministic": True})
+        return {"name": "ray-autoscale-day", "seed": self.seed, "service": service,
                 "workload": {"kind": "trace", "path": str(trace), "timestamp_column": "t"},
                 "policy": {"kind": "dynamic", "max_batch_size": self.max_batch_size,
                            "max_wait_ms": self.batch_wait_ms, "timer": "first"},
@@ -217,6 +221,7 @@ def run_days(env: ServerEnv, day: AutoscaleDay, out_dir: Path, runs: int = 1
         singles = [_post_single(app.url) for _ in range(12)]
         overhead_ms = max(1e3 * float(np.median(singles)) - day.batch_wait_ms
                           - day.base_ms - day.per_item_ms, 0.0)
+        profile = _calibrate(app.url, day, out_dir / "profile.json")
         for k in range(runs):
             _wait_for_min(log_path, day.min_replicas, 4 * day.downscale_delay_s + 30)
             time.sleep(day.look_back_period_s)  # the last requests out of the look-back
@@ -230,29 +235,62 @@ def run_days(env: ServerEnv, day: AutoscaleDay, out_dir: Path, runs: int = 1
             t0_unix = clients[0].t0 + (time.time() - time.perf_counter())
             time.sleep(0.5)  # the poller's last lines
             rows.append(_compare(today, trace, measured, read_replica_log(log_path, t0_unix),
-                                 overhead_ms, run_dir))
+                                 overhead_ms, run_dir, profile))
     return rows
 
 
+def _configure(url: str, **settings: float) -> None:
+    req = urllib.request.Request(f"{url}/servelab/config", data=json.dumps(settings).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        resp.read()
+
+
+def _calibrate(url: str, day: AutoscaleDay, path: Path) -> Path:
+    """``calibrate --endpoint`` of the one replica: bursts of 1, 2 and 4 with a 100 ms window
+    (wider than a burst's spread through Ray's proxy on a busy machine; subtracted), so the
+    profile holds what Ray adds per request and per batch to the nominal sleep.
+    """
+    from executor.endpoint.request_calibrate import calibrate_endpoint
+
+    _configure(url, batch_wait_timeout_s=0.1)
+    try:
+        profile = calibrate_endpoint(url, api="kserve-v2", sizes=[1, 2, day.max_batch_size],
+                                     reps=6, payload=None, model="sleep", window_ms=100,
+                                     server_max_batch=day.max_batch_size, say=lambda _: None)
+    finally:
+        _configure(url, batch_wait_timeout_s=day.batch_wait_ms / 1e3)
+    return profile.save(path)
+
+
+def _predict(day: AutoscaleDay, trace: Path, cold_s: float, profile: Path | None,
+             overhead_ms: float, out: Path) -> tuple[dict[str, Any], pd.DataFrame]:
+    predicted = sim.run(day.scenario(trace, cold_s, profile))
+    predicted.write(out)
+    series = predicted.replicas
+    assert series is not None  # an autoscaled run keeps its replica counts
+    steps = step_metrics(series["time_s"].to_numpy(float), series["replicas"].to_numpy(float),
+                         0.0, day.length_s)
+    lat = predicted.summary["latency_ms"]
+    add = overhead_ms if profile is None else 0.0  # a calibrated profile holds it already
+    return {**steps, "latency_p99_ms": lat["p99"] + add,
+            "latency_p50_ms": lat["p50"] + add}, series
+
+
 def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
-             overhead_ms: float, run_dir: Path) -> dict[str, Any]:
+             overhead_ms: float, run_dir: Path, profile: Path) -> dict[str, Any]:
     live_dir = Path(measured.write(run_dir / "live"))
     log = log[(log["time_s"] >= -1.0) & (log["time_s"] <= day.length_s + 1.0)]
     log.to_csv(live_dir / "ray_replicas.csv", index=False)
     starts = cold_starts_s(log)
     cold_s = float(np.median(starts)) if starts else day.startup_delay_s
-    predicted = sim.run(day.scenario(trace, cold_s))
-    predicted.write(run_dir / "sim")
-    hi = day.length_s
-    series = predicted.replicas
-    assert series is not None  # an autoscaled run keeps its replica counts
-    sim_steps = step_metrics(series["time_s"].to_numpy(float),
-                             series["replicas"].to_numpy(float), 0.0, hi)
+    nominal, series = _predict(day, trace, cold_s, None, overhead_ms, run_dir / "sim")
+    calibrated, cal_series = _predict(day, trace, cold_s, profile, overhead_ms,
+                                      run_dir / "sim-calibrated")
     live_steps = step_metrics(log["time_s"].to_numpy(float), log["held"].to_numpy(float),
-                              0.0, hi)
+                              0.0, day.length_s)
     ok = measured.requests[measured.requests["status"] == "ok"]
     lat_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
-    sim_lat = predicted.summary["latency_ms"]
     return {"day": {**asdict(day), "phases": [list(p) for p in day.phases]},
             "overhead_ms": overhead_ms, "cold_start_s": {"controlled": day.startup_delay_s,
                                                          "measured": starts,
@@ -261,16 +299,19 @@ def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
                      "latency_p50_ms": float(np.percentile(lat_ms, 50)),
                      "failed": int(measured.summary["failed"]),
                      "requests": len(measured.requests)},
-            "predicted": {**sim_steps, "latency_p99_ms": sim_lat["p99"] + overhead_ms,
-                          "latency_p50_ms": sim_lat["p50"] + overhead_ms},
+            "predicted": nominal, "predicted_calibrated": calibrated,
             "timeline": {"live": log[["time_s", "held", "running"]].round(3).values.tolist(),
-                         "predicted": series[["time_s", "replicas"]].round(3).values.tolist()},
+                         "predicted": series[["time_s", "replicas"]].round(3).values.tolist(),
+                         "predicted_calibrated":
+                             cal_series[["time_s", "replicas"]].round(3).values.tolist()},
             "run_dir": str(live_dir)}
 
 
-def errors(row: dict[str, Any]) -> dict[str, float]:
-    """The prediction's errors: relative for replica-seconds and P99, absolute upscales."""
-    live, pred = row["live"], row["predicted"]
+def errors(row: dict[str, Any], which: str = "predicted") -> dict[str, float]:
+    """A prediction's errors (``which``: ``predicted``, the nominal sleep, or
+    ``predicted_calibrated``): relative for replica-seconds and latency, absolute upscales.
+    """
+    live, pred = row["live"], row[which]
     rel = {k: (pred[k] - live[k]) / live[k] if live[k] else math.nan
            for k in ("replica_seconds", "latency_p99_ms", "latency_p50_ms")}
     return {**rel, "upscales": float(pred["upscales"] - live["upscales"])}
