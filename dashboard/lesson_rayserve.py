@@ -60,6 +60,11 @@ def replica_figure(run: dict[str, Any]) -> go.Figure:
                              name="Ray Serve replicas running"))
     fig.add_trace(go.Scatter(x=pred["time_s"].tolist(), y=pred["replicas"].tolist(), mode="lines",
                              line_shape="hv", name="servelab predicted replicas"))
+    if "predicted_calibrated" in run["timeline"]:
+        cal = pd.DataFrame(run["timeline"]["predicted_calibrated"], columns=["time_s", "replicas"])
+        fig.add_trace(go.Scatter(x=cal["time_s"].tolist(), y=cal["replicas"].tolist(),
+                                 mode="lines", line_shape="hv", line={"dash": "dash"},
+                                 name="servelab predicted replicas (calibrated service)"))
     fig.update_layout(title="Replicas over the burst day: Ray Serve vs servelab",
                       xaxis_title="time (s)", yaxis_title="replicas", height=320)
     return fig
@@ -85,15 +90,22 @@ def ray_autoscale_panel(lang: str) -> None:
                  horizontal=True, key="l9-ray-run") - 1
     chart(replica_figure(runs[k]))
     rows = []
-    for i, (run, err) in enumerate(zip(runs, data["errors"], strict=True), start=1):
-        live, pred = run["live"], run["predicted"]
-        rows.append({"run": str(i),
-                     "replica-seconds, Ray / servelab": f"{fmt(live['replica_seconds'], 1)} / "
-                                                        f"{fmt(pred['replica_seconds'], 1)}",
-                     "replica-seconds error %": fmt(100 * err["replica_seconds"], 1),
-                     "upscales, Ray / servelab": f"{run['live']['upscales']} / "
-                                                 f"{run['predicted']['upscales']}",
-                     "P99 ms, Ray / servelab": f"{fmt(run['live']['latency_p99_ms'])} / "
-                                               f"{fmt(run['predicted']['latency_p99_ms'])}",
-                     "P99 error %": fmt(100 * err["latency_p99_ms"], 1)})
+    for i, run in enumerate(runs):
+        for which, key, label in (("predicted", "errors", "nominal"),
+                                  ("predicted_calibrated", "errors_calibrated", "calibrated")):
+            if which in run and key in data:
+                rows.append(_row(i + 1, run, which, label, data[key][i]))
     st.dataframe(frame(pd.DataFrame(rows)), hide_index=True)
+
+
+def _row(i: int, run: dict[str, Any], which: str, label: str, err: dict[str, float]
+         ) -> dict[str, str]:
+    live, pred = run["live"], run[which]
+    return {"run": str(i), "servelab service time": label,
+            "replica-seconds, Ray / servelab": f"{fmt(live['replica_seconds'], 1)} / "
+                                               f"{fmt(pred['replica_seconds'], 1)}",
+            "replica-seconds error %": fmt(100 * err["replica_seconds"], 1),
+            "upscales, Ray / servelab": f"{live['upscales']} / {pred['upscales']}",
+            "P99 ms, Ray / servelab": f"{fmt(live['latency_p99_ms'])} / "
+                                      f"{fmt(pred['latency_p99_ms'])}",
+            "P99 error %": fmt(100 * err["latency_p99_ms"], 1)}

@@ -155,7 +155,9 @@ ZH: dict[str, str] = {
     "servelab predicted replicas": "servelab 预测副本数",
     "Replicas over the burst day: Ray Serve vs servelab":
         "突发日中的副本数：Ray Serve 与 servelab",
-    "run": "运行",
+    "run": "运行", "servelab service time": "servelab 服务时间", "nominal": "名义值",
+    "calibrated": "校准值",
+    "servelab predicted replicas (calibrated service)": "servelab 预测副本数（校准服务时间）",
     "replica-seconds, Ray / servelab": "副本秒数，Ray / servelab",
     "replica-seconds error %": "副本秒数误差 %",
     "upscales, Ray / servelab": "扩容次数，Ray / servelab",

@@ -195,8 +195,8 @@ def test_the_autoscaling_lesson_shows_ray_serves_replica_count_beside_servelabs(
     ray = next(s for s in specs if s["layout"]["title"]["text"]
                == "Replicas over the burst day: Ray Serve vs servelab")
     names = [trace["name"] for trace in ray["data"]]
-    assert names == ["Ray Serve replicas", "Ray Serve replicas running",
-                     "servelab predicted replicas"]
+    assert names[:3] == ["Ray Serve replicas", "Ray Serve replicas running",
+                         "servelab predicted replicas"]
     assert max(ray["data"][0]["y"]) == data["runs"][0]["live"]["max_replicas"]
-    table = at.dataframe[1].value.set_index("run")
-    assert len(table) == len(data["runs"])
+    table = at.dataframe[1].value
+    assert set(table["run"]) == {str(k) for k in range(1, len(data["runs"]) + 1)}
