@@ -28,11 +28,12 @@ TEXT = {
           "predicted the same day with its `target` autoscaler. The service is a calibrated "
           "sleep (a batch of n takes {a} + {b}·n ms), so replicas on this small machine do "
           "not slow each other down.",
-    "zh": "**与真实的自动扩缩容对照。** Ray Serve 用同样的规则（副本数最少 {min}、最多 {max}，"
+    "zh": "**与真实的自动扩缩容对比。** Ray Serve 用同样的规则（副本数最少 {min}、最多 {max}，"
           "`target_ongoing_requests` {target}，`upscale_delay_s` {up}，`downscale_delay_s` "
-          "{down}）在一个突发日（{phases}）上运行，每 0.25 秒读取一次其控制器报告的副本数；"
-          "servelab 用 `target` 自动扩缩容预测同一天。服务是校准过的休眠（n 个请求的批次耗时 "
-          "{a} + {b}·n 毫秒），因此在这台小机器上副本之间不会互相拖慢。",
+          "{down}）在突发的一天（{phases}）中运行，每 0.25 秒读取一次其控制器给出的副本数；"
+          "servelab 用 `target` 自动扩缩容预测同一天。服务是校准过的 `asyncio.sleep`"
+          "（n 个请求的批次耗时 {a} + {b}·n 毫秒），因此在这个只有 2 核的机器上副本之间"
+          "不会互相拖慢。",
 }
 
 
@@ -75,7 +76,7 @@ def ray_autoscale_panel(lang: str) -> None:
     data = load_result()
     if data is None:
         st.caption("benchmarks/results/fidelity_rayserve_autoscale.json is missing"
-                   if lang == "en" else "缺少 benchmarks/results/fidelity_rayserve_autoscale.json")
+                   if lang == "en" else "没有 benchmarks/results/fidelity_rayserve_autoscale.json")
         return
     day = data["day"]
     unit = "s at" if lang == "en" else "秒，每秒"

@@ -154,8 +154,8 @@ ZH: dict[str, str] = {
     "Ray Serve replicas running": "Ray Serve 运行中副本数",
     "servelab predicted replicas": "servelab 预测副本数",
     "Replicas over the burst day: Ray Serve vs servelab":
-        "突发日中的副本数：Ray Serve 与 servelab",
-    "run": "运行", "servelab service time": "servelab 服务时间", "nominal": "名义值",
+        "突发的一天中的副本数：Ray Serve 与 servelab",
+    "run": "运行", "servelab service time": "servelab 服务时间", "nominal": "设定值",
     "calibrated": "校准值",
     "servelab predicted replicas (calibrated service)": "servelab 预测副本数（校准服务时间）",
     "replica-seconds, Ray / servelab": "副本秒数，Ray / servelab",
