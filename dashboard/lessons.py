@@ -15,7 +15,7 @@ import streamlit as st
 
 from calibration.profile import load_profile
 from calibration.report import profile_figure
-from dashboard import figures, lesson_loop
+from dashboard import figures, lesson_loop, lesson_rayserve
 from dashboard.i18n import chart, frame
 from dashboard.state import fmt, run_scenario
 
@@ -276,6 +276,7 @@ def exp_resident_vs_on_demand(lang: str) -> None:
     _table(rows)
     if runs:
         chart(figures.latency_and_replicas(runs, bin_s=10.0))
+    lesson_rayserve.ray_autoscale_panel(lang)
 
 
 def exp_exercises(lang: str) -> None:

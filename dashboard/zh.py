@@ -149,4 +149,17 @@ ZH: dict[str, str] = {
     "configuration can finish.": "{total} 个扫描点中有 {n} 个不稳定：负载超过了该配置能完成的量。",
     "**per request class** (a class whose P99 or error rate runs away is being starved)":
         "**各请求类别**（P99 或错误率失控的类别正在被饿死）",
+    # the autoscaling lesson's Ray Serve check (dashboard.lesson_rayserve)
+    "Ray Serve replicas": "Ray Serve 副本数",
+    "Ray Serve replicas running": "Ray Serve 运行中副本数",
+    "servelab predicted replicas": "servelab 预测副本数",
+    "Replicas over the burst day: Ray Serve vs servelab":
+        "突发的一天中的副本数：Ray Serve 与 servelab",
+    "run": "运行", "servelab service time": "servelab 服务时间", "nominal": "设定值",
+    "calibrated": "校准值",
+    "servelab predicted replicas (calibrated service)": "servelab 预测副本数（校准服务时间）",
+    "replica-seconds, Ray / servelab": "副本秒数，Ray / servelab",
+    "replica-seconds error %": "副本秒数误差 %",
+    "upscales, Ray / servelab": "扩容次数，Ray / servelab",
+    "P99 ms, Ray / servelab": "P99 毫秒，Ray / servelab", "P99 error %": "P99 误差 %",
 }

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 server_app = typer.Typer(no_args_is_help=True, help="Install and run a real LLM server "
                          "(vLLM's CPU build with a tiny model) for tests and trials.")
 
-SERVERS = ("vllm", "ray")  # ray: servelab.request_endpoint_cli
+SERVERS = ("vllm", "ray", "kserve")  # ray, kserve: servelab.request_endpoint_cli
 
 
 def _cli() -> Any:
@@ -234,14 +234,15 @@ def compare_endpoint_cmd(scenario: str, endpoint: str, profile: Path | None, out
     console.print(f"comparison: {out / 'compare.json'}")
 
 
-def server_install(name: Annotated[str, typer.Argument(help="vllm | ray")] = "vllm") -> None:
+def server_install(name: Annotated[str, typer.Argument(help="vllm | ray | kserve")] = "vllm"
+                   ) -> None:
     """Create the server's own virtual environment and write the tiny model (once)."""
     from executor.endpoint.servers import ensure_vllm
 
-    if name == "ray":
-        from servelab.request_endpoint_cli import ray_install
+    if name in ("ray", "kserve"):
+        from servelab.request_endpoint_cli import request_server_install
 
-        ray_install()
+        request_server_install(name)
         return
 
     fail, USER_ERRORS, console = _cli().fail, _cli().USER_ERRORS, _cli().console  # noqa: N806
@@ -256,7 +257,7 @@ def server_install(name: Annotated[str, typer.Argument(help="vllm | ray")] = "vl
 
 
 def server_run(
-    name: Annotated[str, typer.Argument(help="vllm | ray")] = "vllm",
+    name: Annotated[str, typer.Argument(help="vllm | ray | kserve")] = "vllm",
     port: Annotated[int, typer.Option(help="Loopback port (0: a free one).")] = 8000,
     kv_cache_gib: Annotated[int, typer.Option(help="KV-cache space, whole GiB "
                                                 "(VLLM_CPU_KVCACHE_SPACE).")] = 1,
@@ -272,10 +273,10 @@ def server_run(
     cli = _cli()
     fail, USER_ERRORS, console, err_console = (  # noqa: N806
         cli.fail, cli.USER_ERRORS, cli.console, cli.err_console)
-    if name == "ray":
-        from servelab.request_endpoint_cli import ray_run
+    if name in ("ray", "kserve"):
+        from servelab.request_endpoint_cli import request_server_run
 
-        ray_run(port, arg or [])
+        request_server_run(name, port, arg or [])
         return
     if name not in SERVERS:
         fail(f"server {name!r}: allowed: {', '.join(SERVERS)}")

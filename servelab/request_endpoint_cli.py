@@ -97,49 +97,63 @@ def calibrate_endpoint_cmd(endpoint: str, api: str, model: str | None, batch_siz
     console.print(f"profile: {path}")
 
 
-def ray_install() -> None:
-    """``servelab server install ray``: Ray Serve's own virtual environment (once)."""
+def request_server_install(name: str) -> None:
+    """``servelab server install ray|kserve``: the server's own virtual environment (once)."""
+    from executor.endpoint.kserve_server import ensure_kserve
     from executor.endpoint.rayserve import ensure_ray
 
     cli = _cli()
     try:
-        env = ensure_ray()
+        env = ensure_ray() if name == "ray" else ensure_kserve()
     except cli.USER_ERRORS as exc:
         cli.fail(str(exc))
         return
-    cli.console.print(f"Ray Serve environment: {env.root}")
+    cli.console.print(f"{'Ray Serve' if name == 'ray' else 'KServe'} environment: {env.root}")
 
 
-def ray_run(port: int, args: list[str]) -> None:
-    """``servelab server run ray [--arg KEY=VALUE ...]``: Ray Serve with the test deployment
-    (default: MiniLM, ``max_batch_size`` 8, ``batch_wait_timeout_s`` 0.005; keys as in
-    ``executor/endpoint/ray_app.py``, values as YAML) until Ctrl-C.
+def request_server_run(name: str, port: int, args: list[str]) -> None:
+    """``servelab server run ray|kserve [--arg KEY=VALUE ...]`` until Ctrl-C.
+
+    ``ray``: Ray Serve with the test deployment (default: MiniLM, ``max_batch_size`` 8,
+    ``batch_wait_timeout_s`` 0.005; keys as in ``executor/endpoint/ray_app.py``);
+    ``kserve``: KServe's model server with MiniLM (default ``max_batch_size`` 8,
+    ``window_ms`` 10, ``max_items`` 16; keys as in ``executor/endpoint/kserve_app.py``).
+    Values are YAML.
     """
     import signal
     import time
 
     import yaml
 
+    from executor.endpoint.kserve_server import KServeServer, ensure_kserve
     from executor.endpoint.rayserve import RayServeApp, ensure_ray
 
     cli = _cli()
-    config: dict[str, Any] = {"model": "minilm", "model_name": "minilm", "max_batch_size": 8,
-                              "batch_wait_timeout_s": 0.005}
+    config: dict[str, Any] = ({"model": "minilm", "model_name": "minilm", "max_batch_size": 8,
+                               "batch_wait_timeout_s": 0.005} if name == "ray" else
+                              {"model_name": "minilm", "max_batch_size": 8, "window_ms": 10.0,
+                               "max_items": 16})
     for item in args:
         key, sep, value = item.partition("=")
         if not sep or not key:
             cli.fail(f"--arg {item!r}: expected KEY=VALUE, e.g. --arg max_batch_size=16")
         config[key.lstrip("-").replace("-", "_")] = yaml.safe_load(value)
+    server: RayServeApp | KServeServer
     try:
-        app = RayServeApp(ensure_ray(), config, port=port)
-        cli.err_console.print("starting Ray Serve (about a minute) …")
-        app.start()
+        if name == "ray":
+            server = RayServeApp(ensure_ray(), config, port=port)
+            cli.err_console.print("starting Ray Serve (about a minute) …")
+        else:
+            server = KServeServer(ensure_kserve(), config, port=port)
+            cli.err_console.print("starting KServe's model server (about a minute) …")
+        server.start()
     except cli.USER_ERRORS as exc:
         cli.fail(str(exc))
         return
-    cli.console.print(f"Ray Serve: {config['model']} at {app.url}/v2/models/"
-                      f"{config.get('model_name', config['model'])}/infer (started in "
-                      f"{app.started_s:.0f} s; log {app.log_path}); Ctrl-C stops it")
+    cli.console.print(f"{'Ray Serve' if name == 'ray' else 'KServe'}: "
+                      f"{config.get('model', 'minilm')} at {server.url}/v2/models/"
+                      f"{config.get('model_name', config.get('model'))}/infer (started in "
+                      f"{server.started_s:.0f} s; log {server.log_path}); Ctrl-C stops it")
     stop = False
 
     def _stop(signum: int, frame: object) -> None:
@@ -148,10 +162,10 @@ def ray_run(port: int, args: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     try:
-        while not stop and app.proc is not None and app.proc.poll() is None:
+        while not stop and server.proc is not None and server.proc.poll() is None:
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
-        app.stop()
+        server.stop()
     cli.console.print("server stopped")

@@ -23,7 +23,10 @@ depend on CPU contention, for replica and autoscaling checks on a small machine)
 Settings: ``port``, ``num_cpus``, ``temp_dir``, ``model``, ``model_name`` (the v2 name),
 ``max_batch_size``, ``batch_wait_timeout_s``, ``max_ongoing_requests``, ``num_replicas`` or
 ``autoscaling_config`` (Ray's keys), ``startup_delay_s`` (a replica sleeps this long in its
-constructor: a controlled cold start), ``sleep_base_ms``, ``sleep_per_item_ms``.
+constructor: a controlled cold start), ``sleep_base_ms``, ``sleep_per_item_ms``,
+``replica_log`` (a file: every ``replica_poll_s``, default 0.25 s, one JSON line
+``{"t": unix time, "states": {"RUNNING": n, "STARTING": n, ...}}`` read from
+``serve.status()``, the controller's own count of the deployment's replicas by state).
 SIGINT (and SIGTERM, where Ray's own handler does not take it) shuts Serve and Ray down.
 """
 
@@ -157,6 +160,24 @@ class Model:
         return _error(404, f"no route POST {path}")
 
 
+def _poll_replicas(path: str, period_s: float, done: threading.Event) -> None:
+    """Append the deployment's replica counts by state (``serve.status()``) to ``path``."""
+    with open(path, "a", encoding="utf-8") as fh:
+        while not done.is_set():
+            t = time.time()
+            try:
+                app = serve.status().applications.get("servelab")
+                dep = app.deployments.get("Model") if app is not None else None
+                states = {str(getattr(k, "value", k)): int(v)
+                          for k, v in (dep.replica_states if dep is not None else {}).items()}
+            except Exception as exc:  # (the controller busy: note it, go on)
+                states = {"error": 1}
+                print(f"servelab: serve.status() failed: {exc!r}", flush=True)
+            fh.write(json.dumps({"t": t, "states": states}) + "\n")
+            fh.flush()
+            done.wait(max(0.0, period_s - (time.time() - t)))
+
+
 def main() -> None:
     """Start a local Ray, deploy the model on the configured port, wait for SIGTERM."""
     options: dict[str, Any] = {"max_ongoing_requests": int(CFG.get("max_ongoing_requests", 64))}
@@ -175,8 +196,15 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     print("servelab: serving", flush=True)  # serve.run returned: every replica is running
+    poller = None
+    if CFG.get("replica_log"):
+        poller = threading.Thread(target=_poll_replicas, daemon=True, args=(
+            CFG["replica_log"], float(CFG.get("replica_poll_s", 0.25)), done))
+        poller.start()
     while not done.wait(0.5):
         pass
+    if poller is not None:
+        poller.join(5)
     serve.shutdown()
     ray.shutdown()
     print("shut down", flush=True)

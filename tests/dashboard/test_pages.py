@@ -180,3 +180,23 @@ def test_the_autoscaling_lesson_compares_fixed_and_on_demand_fleets() -> None:
     slower = at.dataframe[0].value.set_index("")
     assert num(slower.loc["concurrency, scale to zero (Knative)", "P99 ms"]) > num(
         zero["P99 ms"])
+
+
+def test_the_autoscaling_lesson_shows_ray_serves_replica_count_beside_servelabs() -> None:
+    from dashboard.lesson_rayserve import load_result
+
+    data = load_result()
+    assert data is not None  # the committed benchmark result
+    at = page("course")
+    title = next(t for t in at.selectbox(key="course-lesson").options if t.startswith("9."))
+    at.selectbox(key="course-lesson").set_value(title).run()
+    assert not at.exception
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    ray = next(s for s in specs if s["layout"]["title"]["text"]
+               == "Replicas over the burst day: Ray Serve vs servelab")
+    names = [trace["name"] for trace in ray["data"]]
+    assert names[:3] == ["Ray Serve replicas", "Ray Serve replicas running",
+                         "servelab predicted replicas"]
+    assert max(ray["data"][0]["y"]) == data["runs"][0]["live"]["max_replicas"]
+    table = at.dataframe[1].value
+    assert set(table["run"]) == {str(k) for k in range(1, len(data["runs"]) + 1)}

