@@ -62,7 +62,8 @@ def fit_cmd(
             console.print(f"{split}: {e['n']} steps, |error| median {e['median_abs']:.1%}, "
                           f"p90 {e['p90_abs']:.1%}, mean signed {e['mean_signed']:+.1%}")
     if result["not_identified"]:
-        console.print(f"not identified by these profiles (left at 0): "
+        console.print(f"not identified by these profiles (left at their defaults: 0, "
+                      f"tp_allreduce_latency 1): "
                       f"{', '.join(result['not_identified'])}")
     console.print(f"coefficients: {path}")
 
