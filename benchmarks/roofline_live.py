@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -105,13 +106,45 @@ def tiny_config(tmp: Path) -> tuple[Path, Path]:
     return cfg, coeffs.save(tmp / "coeffs-without-tiny.json")
 
 
+def vllm_bench(out: Path, rates: list[float], n_requests: int) -> None:
+    """Bench the vLLM CPU server (tiny Llama) at each rate; keep the run directories."""
+    from executor.endpoint.bench import bench
+    from executor.endpoint.servers import VllmServer, ensure_vllm
+
+    env = ensure_vllm(progress=print)
+    service = {"kind": "llm_roofline", "model": str(env.model_dir / "config.json"),
+               "device": "cpu", "coefficients": "builtin"}
+    server = VllmServer(env, args=VLLM_ARGS).start()
+    try:
+        for rate in rates:
+            scn = scenario(service, n_requests, f"vllm-tiny-llama-{rate:g}rps")
+            scn["workload"]["rate_rps"] = rate
+            result = bench(scn, server.url)
+            result.write(out / f"rate-{rate:g}")
+            print(f"rate {rate:g}: {result.summary['e2e_ms']['p50']:.1f} ms E2E p50",
+                  flush=True)
+    finally:
+        server.stop()
+
+
 def main() -> None:
     """Run D1 and D2, print and write the results."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--vllm-bench", type=Path, default=None, help=(
+        "only bench the vLLM server at each of --rates and keep the run directories here "
+        "(the input of servelab fit --bench)"))
+    parser.add_argument("--rates", default="1,4,8")
     args = parser.parse_args()
+    if args.vllm_bench is not None:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        vllm_bench(args.vllm_bench, [float(r) for r in args.rates.split(",")],
+                   args.requests)
+        return
+    # SIGTERM (a timeout) unwinds like Ctrl-C, so the vLLM server is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out: dict[str, Any] = {"load_average_start": os.getloadavg()}
     lines = [SECTION, "", f"Produced by `fgrun python benchmarks/roofline_live.py --repeats "
              f"{args.repeats} --requests {args.requests}` (the whole script, the vLLM server "

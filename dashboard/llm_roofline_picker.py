@@ -6,6 +6,7 @@ the KV cache to the size vLLM would give it on that device.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import streamlit as st
@@ -59,10 +60,12 @@ def roofline_service(key: str = "llm-rl") -> dict[str, Any] | None:
     return service
 
 
-def roofline_policy(service: dict[str, Any], policy: dict[str, Any]) -> dict[str, Any]:
+def roofline_policy(service: Mapping[str, object] | None, policy: dict[str, Any]
+                    ) -> dict[str, Any]:
     """A KV policy for a roofline service loses the page's ``num_gpu_blocks``: the scenario
     loader sizes the cache from the device's memory, as vLLM does.
     """
-    if service.get("kind") != "llm_roofline" or policy.get("kind") == "static":
+    if service is None or service.get("kind") != "llm_roofline" or \
+            policy.get("kind") == "static":
         return policy
     return {k: v for k, v in policy.items() if k != "num_gpu_blocks"}

@@ -32,7 +32,7 @@ st.caption(t("Continuous batching simulated step by step: token budgets, a paged
              "preemption; TTFT, TPOT and where the knee is. Every scheduler sees the same "
              "requests."))
 
-STEP_MODELS = {
+STEP_MODELS: dict[str, dict[str, Any]] = {
     "8B-class GPU (linear, builtin:llm-demo)": {
         "kind": "llm_linear", "base_ms": 6.0, "per_prefill_token_ms": 0.03,
         "per_decode_seq_ms": 0.08, "per_kv_token_ms": 0.00002},
@@ -55,7 +55,8 @@ left, right = st.columns([1, 3])
 with left:
     model_name = st.selectbox(t("step model"), [*STEP_MODELS, ROOFLINE], key="llm-model",
                               format_func=t)
-    service = roofline_service() if model_name == ROOFLINE else STEP_MODELS[model_name]
+    service: dict[str, Any] | None = roofline_service() if model_name == ROOFLINE \
+        else STEP_MODELS[model_name]
     if service is None:
         st.stop()
     sources = ["Azure conversation trace", "token-length distributions"]
