@@ -12,7 +12,13 @@ D2. The real vLLM CPU server serving the tiny Llama the test fixture builds
 
 Relative error = (predicted − measured) / measured: > 0 means the prediction is slow
 (pessimistic). The server is started inside this script so that under ``fgrun`` it shares the
-CPU priority. Usage: fgrun python benchmarks/roofline_live.py [--repeats 2] [--requests 40]
+CPU priority.
+
+D3. ``--vllm-bench DIR`` (under fgrun) benches the same server at ``--rates`` and keeps the
+    run directories; ``--fit-vllm DIR`` then fits the coefficients to them with
+    ``servelab fit --bench`` (a held-out directory reported) and adds section D3.
+
+Usage: fgrun python benchmarks/roofline_live.py [--repeats 2] [--requests 40]
 Appends (or replaces) section D of benchmarks/results/roofline.md; writes roofline_live.json.
 """
 
@@ -112,6 +118,8 @@ def vllm_bench(out: Path, rates: list[float], n_requests: int) -> None:
     from executor.endpoint.servers import VllmServer, ensure_vllm
 
     env = ensure_vllm(progress=print)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text((env.model_dir / "config.json").read_text())
     service = {"kind": "llm_roofline", "model": str(env.model_dir / "config.json"),
                "device": "cpu", "coefficients": "builtin"}
     server = VllmServer(env, args=VLLM_ARGS).start()
@@ -127,6 +135,49 @@ def vllm_bench(out: Path, rates: list[float], n_requests: int) -> None:
         server.stop()
 
 
+def fit_vllm(folder: Path) -> None:
+    """``servelab fit --bench`` on the vLLM bench directories; section D3 of the results."""
+    from sim.experiments.fit_bench import TARGETS, mean_abs
+
+    dirs = sorted(p for p in folder.iterdir() if (p / "meta.json").exists())
+    config = folder / "config.json"  # the tiny Llama's, copied beside the runs
+    out = folder / "fitted-coefficients.json"
+    cmd = [sys.executable, "-m", "servelab.cli", "fit",
+           *(a for d in dirs for a in ("--bench", str(d.relative_to(ROOT)))),
+           "--model", str(config.relative_to(ROOT)), "--device", "cpu", "--holdout", "0.34",
+           "--out", str(out.relative_to(ROOT))]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    print(done.stdout, done.stderr)
+    if done.returncode:
+        raise SystemExit(f"fit failed ({done.returncode})")
+    fit = json.loads(out.read_text())["fit"]
+    keys = [f"{m}.p{q}" for m, q in TARGETS]
+    lines = ["### D3. Fitting the vLLM server from its bench runs (simulation in the loop)",
+             "", "The server benched at " + ", ".join(d.name for d in dirs) + " (40 "
+             "requests each, the load of D2 at those rates, under fgrun; run directories in "
+             f"`{folder.relative_to(ROOT)}`), then `servelab fit` from `cpu-decoder` "
+             f"({fit['evaluations']} simulations, seed {fit['seed']}; held out: "
+             f"{', '.join(fit['held_out'])}):", "", f"`servelab {' '.join(cmd[4:])}`", "",
+             "run | split | set | " + " | ".join(keys),
+             "---|---|---|" + "---|" * len(keys)]
+    for label in ("start", "fitted"):
+        for run, row in fit["runs"][label].items():
+            lines.append(f"{run} | {row['split']} | {label} | " + " | ".join(
+                f"{row['errors'][k]:+.1%}" for k in keys))
+    lines += ["", "Group multipliers of cpu-decoder: " + ", ".join(
+        f"{g} ×{m:.3g}" for g, m in fit["group_multipliers"].items()) + ". Mean |error| "
+        + "; ".join(f"{split}: {mean_abs(fit['runs']['start'], split):.1%} → "
+                    f"{mean_abs(fit['runs']['fitted'], split):.1%}"
+                    for split in ("train", "held_out")) + ".", ""]
+    md = RESULTS / "roofline.md"
+    text = md.read_text()
+    head = text.split("### D3.")[0].rstrip() + "\n\n"
+    md.write_text(head + "\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     """Run D1 and D2, print and write the results."""
     parser = argparse.ArgumentParser()
@@ -137,7 +188,13 @@ def main() -> None:
         "only bench the vLLM server at each of --rates and keep the run directories here "
         "(the input of servelab fit --bench)"))
     parser.add_argument("--rates", default="1,4,8")
+    parser.add_argument("--fit-vllm", type=Path, default=None, help=(
+        "fit the coefficients to the bench directories kept by --vllm-bench (servelab fit "
+        "--bench; simulation only, no fgrun needed) and add section D3"))
     args = parser.parse_args()
+    if args.fit_vllm is not None:
+        fit_vllm(args.fit_vllm)
+        return
     if args.vllm_bench is not None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         vllm_bench(args.vllm_bench, [float(r) for r in args.rates.split(",")],

@@ -175,6 +175,13 @@ def test_fit_cli_from_bench_directories(bench_dirs: list[Path], tmp_path: Path) 
     saved = json.loads(out.read_text())
     assert saved["fit"]["start"] == "cpu-decoder" and len(saved["fit"]["held_out"]) == 1
     assert load_coefficients(str(out), "cpu").values["per_step"] >= 0
+    # from the step-profile fit (NNLS) of a profile, then the bench runs
+    both = CliRunner().invoke(app, [*args[:-2], "--profile", "builtin:llm-small-cpu",
+                                    "--out", str(tmp_path / "both.json")],
+                              env={"COLUMNS": "200"})
+    assert both.exit_code == 0, both.output
+    assert "step-profile fit" in both.output
+    assert json.loads((tmp_path / "both.json").read_text())["fit"]["start"] == "both"
     # --bench without the model or device it ran: one line naming both
     done = CliRunner().invoke(app, ["fit", "--bench", str(bench_dirs[0]), "--out",
                                     str(out)])
