@@ -139,6 +139,7 @@ def fit_vllm(folder: Path) -> None:
     """``servelab fit --bench`` on the vLLM bench directories; section D3 of the results."""
     from sim.experiments.fit_bench import TARGETS, mean_abs
 
+    folder = folder.resolve()
     dirs = sorted(p for p in folder.iterdir() if (p / "meta.json").exists())
     config = folder / "config.json"  # the tiny Llama's, copied beside the runs
     out = folder / "fitted-coefficients.json"
