@@ -157,10 +157,13 @@ def fit_vllm(folder: Path) -> None:
     keys = [f"{m}.p{q}" for m, q in TARGETS]
     lines = ["### D3. Fitting the vLLM server from its bench runs (simulation in the loop)",
              "", "The server benched at " + ", ".join(d.name for d in dirs) + " (40 "
-             "requests each, the load of D2 at those rates, under fgrun; run directories in "
-             f"`{folder.relative_to(ROOT)}`), then `servelab fit` from `cpu-decoder` "
+             "requests each, the load of D2 at those rates; `fgrun python "
+             "benchmarks/roofline_live.py --vllm-bench "
+             f"{folder.relative_to(ROOT)} --rates 1,4,8 --requests 40`, with CPU priority; "
+             f"run directories kept in `{folder.relative_to(ROOT)}`), then `servelab fit` "
+             "from `cpu-decoder` "
              f"({fit['evaluations']} simulations, seed {fit['seed']}; held out: "
-             f"{', '.join(fit['held_out'])}):", "", f"`servelab {' '.join(cmd[4:])}`", "",
+             f"{', '.join(fit['held_out'])}):", "", f"`servelab {' '.join(cmd[3:])}`", "",
              "run | split | set | " + " | ".join(keys),
              "---|---|---|" + "---|" * len(keys)]
     for label in ("start", "fitted"):
