@@ -8,6 +8,15 @@ font holds every character used below and in the lessons.
 from __future__ import annotations
 
 ZH: dict[str, str] = {
+    # the LLM page's roofline pickers (dashboard/llm_roofline_picker.py)
+    "Roofline: a model on a device (llm_roofline)": "Roofline：设备上的模型（llm_roofline）",
+    "model": "模型", "config.json (path or folder)": "config.json（文件或目录）",
+    "device": "设备", "tensor parallel (GPUs)": "张量并行（GPU 数）",
+    "Give the path of a Hugging Face config.json.": "请给出 Hugging Face config.json 文件。",
+    "{model}: {params:.1f} B parameters on {tp} × {device}; coefficients {coeffs}; KV "
+    "cache {blocks} blocks of 16 tokens, as vLLM sizes it":
+        "{model}：{params:.1f} B 参数，运行在 {tp} × {device} 上；系数 {coeffs}；KV 缓存 "
+        "{blocks} 块（每块 16 个 token），与 vLLM 的计算一样",
     # navigation and page titles
     "Explore": "探索", "Compare": "对比", "LLM": "大模型", "Calibration": "校准",
     "Verify": "验证", "Course": "课程",

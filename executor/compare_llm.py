@@ -124,11 +124,16 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
     """
     check_compare_args(repeats, probe_mode, PROBE_MODES, "LLM scenarios")
     scn = load_llm_scenario(scenario, overrides)
-    if scn.service.kind != "llm_profile":
-        raise UserError("service.kind: compare needs a measured step profile (llm_profile); "
-                        "an llm_linear model has no device to compare against")
+    if scn.service.kind not in ("llm_profile", "llm_roofline"):
+        raise UserError("service.kind: compare needs a measured step profile (llm_profile) "
+                        "or a roofline (llm_roofline); an llm_linear model has no device to "
+                        "compare against")
     out = Path(out_dir)
-    stored_profile = load_step_profile(scn.service.path)
+    # a roofline's prediction is the one under test: no profile to rescale by probes
+    stored_profile = load_step_profile(scn.service.path) \
+        if scn.service.kind == "llm_profile" else None
+    if stored_profile is None:
+        probe_mode = "off"
     drain_s = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
     stored = sim.llm.run(scn, drain_timeout_s=drain_s)  # censored like the live runs
     stored.write(out / "sim")
@@ -145,6 +150,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
 
     def probe_device(_i: int, _after: bool) -> dict[str, Any]:
         assert probe_decoder is not None
+        assert stored_profile is not None
         return probe_llm(probe_decoder, stored_profile)
 
     def predict_probed(i: int, before: dict[str, Any], after: dict[str, Any], run_dir: Path
@@ -155,6 +161,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
         probe = {"before": before, "after": after, **scales, **by_size,
                  "drift": max(abs(after[k] / before[k] - 1) for k in scales)}
         write_json(run_dir / "probe.json", probe)
+        assert stored_profile is not None
         probed = stored_profile.rescaled(by_size["prefill_scale_by_tokens"],
                                          by_size["decode_scale_by_seqs"])
         path = probed.save(run_dir / "probed-profile.json")
@@ -169,6 +176,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
     rows = done.rows(stored.summary, LLM_METRICS + (FLEET_METRICS if scn.autoscaling else []))
     sims, probes = done.predictions, done.probes
     data = {"scenario": scn.name, "kind": "llm", "repeats": repeats, "probe_mode": probe_mode,
+            "service": scn.service.kind,
             "offered_rps": stored.summary["stability"]["offered_rps"],
             "probed": bool(sims), "probes": [{k: p[k] for k in ("prefill_scale",
                                                                 "decode_scale", "drift")}
@@ -193,8 +201,9 @@ def sweep_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str 
     """
     scn = load_llm_scenario(scenario, overrides)
     if scn.service.kind != "llm_profile":
-        raise UserError("service.kind: compare needs a measured step profile (llm_profile); "
-                        "an llm_linear model has no device to compare against")
+        raise UserError("service.kind: compare --sweep needs a measured step profile "
+                        "(llm_profile) to size its loads; compare an llm_roofline scenario "
+                        "one load at a time (without --sweep)")
     if not rhos:
         raise UserError("--sweep: give at least one load, e.g. 0.3,0.6,0.8,0.9")
     for rho in rhos:

@@ -54,6 +54,8 @@ def llm_model_spec(scenario: LlmScenario) -> dict[str, Any]:
                 "dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(
                     str(meta.get("dtype")), "fp32"),
                 "threads": meta.get("threads")}
+    elif scenario.service.kind == "llm_roofline" and scenario.model is None:
+        spec = roofline_model_spec(scenario)
     if scenario.model is not None:
         given = scenario.model.model_dump()
         spec.update({k: v for k, v in given.items() if v not in (None, {})})
@@ -62,6 +64,38 @@ def llm_model_spec(scenario: LlmScenario) -> dict[str, Any]:
                         "use a measured step profile (service.kind llm_profile) or add "
                         "model: {params: {shape: small}}")
     return spec
+
+
+def roofline_model_spec(scenario: LlmScenario) -> dict[str, Any]:
+    """The decoder of an ``llm_roofline`` service on the ``cpu`` sheet: the model config's
+    shape, fp32 and one thread (what the CPU coefficient set was fitted on).
+
+    Raises:
+        LiveError: a GPU device sheet (nothing here runs it) or a bad model config.
+    """
+    from sim.errors import UserError
+    from sim.scenario.roofline.hardware import load_device
+    from sim.scenario.roofline.service import load_shape
+
+    service = scenario.service
+    assert service.kind == "llm_roofline"
+    try:
+        device = load_device(service.device)
+        shape = load_shape(service.model, service.dtype)
+    except UserError as exc:
+        raise LiveError(str(exc)) from None
+    if device.kind != "cpu":
+        raise LiveError(f"service.device: {service.device!r} is a GPU sheet; a live run "
+                        "executes the model on this machine's CPU: use device: cpu, or add "
+                        "model: {params: ...} for the decoder to run")
+    if shape.head_dim * shape.heads != shape.hidden:
+        raise LiveError(f"service.model: {shape.name} has head_dim {shape.head_dim} × "
+                        f"{shape.heads} heads != hidden {shape.hidden}; servelab's decoder "
+                        "needs head_dim = hidden / heads")
+    return {"params": {"hidden": shape.hidden, "layers": shape.layers, "heads": shape.heads,
+                       "kv_heads": shape.kv_heads, "intermediate": shape.intermediate,
+                       "vocab": shape.vocab},
+            "device": "cpu", "dtype": "fp32", "threads": 1}
 
 
 def resident_engines(scenario: LlmScenario) -> int:

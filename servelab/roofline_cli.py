@@ -1,6 +1,7 @@
 """``servelab fit`` and ``servelab plan``: the roofline step model's commands.
 
-``fit`` learns the coefficients of ``service.kind: llm_roofline`` from measured step profiles;
+``fit`` learns the coefficients of ``service.kind: llm_roofline`` from measured step profiles
+and from ``servelab bench`` runs (simulation in the loop);
 ``plan`` asks the simulator which device × tensor parallelism × replica count is cheapest
 for a model, a load and SLOs. :func:`register` adds them to the CLI's typer app (the CLI's
 helpers are imported when a command runs: :mod:`servelab.cli` imports this module).
@@ -15,56 +16,135 @@ import typer
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from sim.experiments.plan import Candidate
+    from sim.scenario.roofline.model import Coefficients
 
 
 def fit_cmd(
-    profile: Annotated[list[str], typer.Option(
-        "--profile", help="A step profile (calibrate --model llm), path or builtin:NAME "
-        "(repeatable: fit one coefficient set over several models).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Coefficients JSON to write.")],
+    profile: Annotated[list[str] | None, typer.Option(
+        "--profile", help="A step profile (calibrate --model llm), path or builtin:NAME "
+        "(repeatable: fit one coefficient set over several models).")] = None,
+    bench: Annotated[list[Path] | None, typer.Option(
+        "--bench", help="A servelab bench run directory (repeatable): fit by simulation in "
+        "the loop to its TTFT and E2E percentiles, starting from the --profile fit or "
+        "--coefficients.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="With --bench: the served model's config.json (or folder) or builtin:NAME.")]
+    = None,
     device: Annotated[str | None, typer.Option(
-        help="Device sheet of GPU profiles: h100-sxm | a100-80gb | l40s | h200 | PATH.yaml "
-             "(CPU profiles use the cpu sheet).")] = None,
-    holdout: Annotated[float, typer.Option(
-        help="Share of the measured steps held out of the fit and reported.")] = 0.25,
+        help="Device sheet: h100-sxm | a100-80gb | l40s | h200 | cpu | PATH.yaml (CPU "
+             "profiles use the cpu sheet).")] = None,
+    tp: Annotated[int, typer.Option(min=1, help="With --bench: the server's tensor "
+                                    "parallelism.")] = 1,
+    coefficients: Annotated[str, typer.Option(
+        help="With --bench and no --profile: the set to start from (builtin | builtin:NAME "
+             "| PATH).")] = "builtin",
+    holdout: Annotated[float | None, typer.Option(
+        help="Share held out of the fit and reported: of the measured steps (default 0.25), "
+             "of the bench directories (default 0.34).")] = None,
+    max_evals: Annotated[int, typer.Option(
+        help="With --bench: most simulations per directory the search may run.")] = 120,
     seed: Annotated[int, typer.Option(help="Seeds the held-out split.")] = 0,
     name: Annotated[str | None, typer.Option(help="Name stored in the file.")] = None,
 ) -> None:
-    """Fit the roofline step model's coefficients to measured step profiles.
+    """Fit the roofline step model's coefficients to measured step profiles, bench runs,
+    or both.
 
-    Non-negative least squares on the relative error of every measured step; prints the
-    coefficients and the error on the steps held out. Use the file as
-    ``service.coefficients`` of an ``llm_roofline`` scenario.
+    Profiles: non-negative least squares on the relative error of every measured step.
+    Bench runs: simulation in the loop, Nelder-Mead on the TTFT and E2E percentiles
+    (from the profile fit when both are given). Prints the coefficients and the errors
+    held out. Use the file as ``service.coefficients`` of an ``llm_roofline`` scenario.
     """
     from servelab.cli import USER_ERRORS, console, fail
     from sim.scenario.roofline.fit import fit, load_profile_data
     from sim.scenario.roofline.model import UNITS
 
+    if not profile and not bench:
+        fail("give --profile PROFILE (step profiles) or --bench DIR (bench runs), or both")
+        return
     try:
-        data = [load_profile_data(p, device) for p in profile]
-        coeffs = fit(data, holdout=holdout, seed=seed, name=name or out.stem)
+        coeffs = None
+        if profile:
+            data = [load_profile_data(p, device) for p in profile]
+            coeffs = fit(data, holdout=0.25 if holdout is None else holdout, seed=seed,
+                         name=name or out.stem)
+            _print_profile_fit(coeffs, sum(len(d.rows) for d in data), console)
+        if bench:
+            coeffs = _fit_bench(bench, model, device, tp, coeffs, coefficients,
+                                0.34 if holdout is None else holdout, seed, max_evals,
+                                name or out.stem)
+        assert coeffs is not None
         path = coeffs.save(out)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
-    table = Table(title=f"coefficients ({sum(len(d.rows) for d in data)} measured steps)")
+    table = Table(title="coefficients")
     table.add_column("term")
     table.add_column("β", justify="right")
     table.add_column("unit")
     for term, value in coeffs.values.items():
         table.add_row(term, f"{value:.4g}", UNITS[term])
     console.print(table)
+    console.print(f"coefficients: {path}")
+
+
+def _print_profile_fit(coeffs: Coefficients, steps: int, console: Console) -> None:
     result = coeffs.meta["fit"]
+    console.print(f"step-profile fit ({steps} measured steps):")
     for split in ("train", "held_out"):
         e = result[split]
         if e.get("n"):
             console.print(f"{split}: {e['n']} steps, |error| median {e['median_abs']:.1%}, "
                           f"p90 {e['p90_abs']:.1%}, mean signed {e['mean_signed']:+.1%}")
     if result["not_identified"]:
-        console.print(f"not identified by these profiles (left at 0): "
+        console.print(f"not identified by these profiles (left at their defaults: 0, "
+                      f"tp_allreduce_latency 1): "
                       f"{', '.join(result['not_identified'])}")
-    console.print(f"coefficients: {path}")
+
+
+def _fit_bench(dirs: list[Path], model: str | None, device: str | None, tp: int,
+               start: Coefficients | None, start_ref: str, holdout: float, seed: int,
+               max_evals: int, name: str) -> Coefficients:
+    """``fit --bench``: simulation in the loop; prints each run's errors."""
+    from servelab.cli import console
+    from sim.errors import UserError
+    from sim.experiments.fit_bench import TARGETS, fit_bench, load_bench_run, mean_abs
+    from sim.scenario.roofline.hardware import load_device
+    from sim.scenario.roofline.model import load_coefficients
+    from sim.scenario.roofline.service import load_shape
+
+    if model is None or device is None:
+        raise UserError("--bench needs --model (the served model's config.json or "
+                        "builtin:NAME) and --device (the server's device sheet)")
+    sheet = load_device(device)
+    shape = load_shape(model)
+    shape.check_tp(tp, "--tp")
+    service = {"kind": "llm_roofline", "model": model, "device": device, "tp": tp}
+    runs = [load_bench_run(d, service) for d in dirs]
+    first = start or load_coefficients(start_ref, sheet.kind)
+    got = fit_bench(runs, shape, sheet, tp, first, holdout=holdout, seed=seed,
+                    max_evals=max_evals, name=name)
+    result = got.meta["fit"]
+    table = Table(title=f"bench fit: {result['evaluations']} evaluations, start "
+                  f"{first.name}; error = (sim − measured) / measured")
+    keys = [f"{m}.p{q}" for m, q in TARGETS]
+    for col in ("run", "split", "set", *keys):
+        table.add_column(col, justify="right")
+    for label in ("start", "fitted"):
+        for run, row in result["runs"][label].items():
+            table.add_row(run, row["split"], label,
+                          *(f"{row['errors'][k]:+.1%}" for k in keys))
+    console.print(table)
+    console.print("group multipliers of the start set: " + ", ".join(
+        f"{g} ×{m:.3g}" for g, m in result["group_multipliers"].items()))
+    for split in ("train", "held_out"):
+        before, after = (mean_abs(result["runs"][s], split) for s in ("start", "fitted"))
+        if before is not None and after is not None:
+            console.print(f"{split}: mean |error| {before:.1%} → {after:.1%}")
+    return got
 
 
 def _devices(specs: list[str]) -> dict[str, float]:

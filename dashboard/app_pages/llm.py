@@ -11,6 +11,7 @@ import streamlit as st
 from dashboard import figures, prefix_cache_view
 from dashboard.estimates import fmt_ci, quantile_ci
 from dashboard.i18n import chart, frame, t
+from dashboard.llm_roofline_picker import ROOFLINE, roofline_policy, roofline_service
 from dashboard.state import fmt, run_llm_scenario
 
 # A short default horizon answers a knob within a second; the cards show each percentile's
@@ -31,7 +32,7 @@ st.caption(t("Continuous batching simulated step by step: token budgets, a paged
              "preemption; TTFT, TPOT and where the knee is. Every scheduler sees the same "
              "requests."))
 
-STEP_MODELS = {
+STEP_MODELS: dict[str, dict[str, Any]] = {
     "8B-class GPU (linear, builtin:llm-demo)": {
         "kind": "llm_linear", "base_ms": 6.0, "per_prefill_token_ms": 0.03,
         "per_decode_seq_ms": 0.08, "per_kv_token_ms": 0.00002},
@@ -52,7 +53,12 @@ SCHEDULERS: dict[str, dict[str, Any]] = {
 
 left, right = st.columns([1, 3])
 with left:
-    model_name = st.selectbox(t("step model"), list(STEP_MODELS), key="llm-model")
+    model_name = st.selectbox(t("step model"), [*STEP_MODELS, ROOFLINE], key="llm-model",
+                              format_func=t)
+    service: dict[str, Any] | None = roofline_service() if model_name == ROOFLINE \
+        else STEP_MODELS[model_name]
+    if service is None:
+        st.stop()
     sources = ["Azure conversation trace", "token-length distributions"]
     source = st.radio(t("request source"), sources, format_func=t, key="llm-source")
     n_requests = st.slider(t("requests"), 100, 5000, DEFAULT_REQUESTS, step=100,
@@ -96,8 +102,8 @@ def scenario(policy: dict[str, Any], factor: float = 1.0) -> dict[str, Any]:
         load["rate_scale"] = load["rate_scale"] * factor
     else:
         load["rate_rps"] = load["rate_rps"] * factor
-    return {"name": "dashboard-llm", "seed": 0, "service": STEP_MODELS[model_name],
-            "workload": load, "policy": pol, "warmup_s": 0.0,
+    return {"name": "dashboard-llm", "seed": 0, "service": service,
+            "workload": load, "policy": roofline_policy(service, pol), "warmup_s": 0.0,
             "slo": {"ttft_ms": float(ttft_slo), "tpot_ms": float(tpot_slo)}}
 
 

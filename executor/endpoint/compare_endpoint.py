@@ -69,9 +69,10 @@ def _scenario(scenario: LlmScenario | dict[str, Any] | str | Path,
     scn = load_llm_scenario(scenario, overrides)
     if profile is not None:
         scn = load_llm_scenario(scn, endpoint_overrides(profile))
-    if not isinstance(scn.service, LlmProfileServiceCfg):
+    if scn.service.kind not in ("llm_profile", "llm_roofline"):
         raise UserError("service.kind: compare --endpoint predicts with a calibrated step "
-                        "profile; pass --profile PROFILE.json (servelab calibrate --endpoint)")
+                        "profile (pass --profile PROFILE.json, from servelab calibrate "
+                        "--endpoint) or a roofline (service.kind llm_roofline)")
     return scn
 
 
@@ -95,9 +96,13 @@ def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoi
     base = server_info.base_url(endpoint)
     listed = server_info.models(base)
     names = [str(m.get("id")) for m in (listed or {}).get("data", []) if isinstance(m, dict)]
-    assert isinstance(scn.service, LlmProfileServiceCfg)
-    stored_profile = load_step_profile(scn.service.path)
-    model = model or stored_profile.meta.get("model") or (names[0] if names else None)
+    # a roofline's prediction is the one under test: no profile for the probes to rescale
+    stored_profile = load_step_profile(scn.service.path) \
+        if isinstance(scn.service, LlmProfileServiceCfg) else None
+    if stored_profile is None:
+        probe_mode = "off"
+    model = model or (stored_profile.meta.get("model") if stored_profile else None) or (
+        names[0] if names else None)
     if model is None:
         raise UserError(f"{base}/v1/models lists no model: pass --model NAME")
     url = base + APIS["openai-completions"]
@@ -111,13 +116,13 @@ def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoi
     lives, sims, probe_rows = [], [], []
     for i in range(1, repeats + 1):
         before = probe_endpoint(target, stored_profile, request_s, per_token_s) \
-            if probe_mode == "full" else None
+            if probe_mode == "full" and stored_profile is not None else None
         if progress:
             progress(f"bench run {i}/{repeats}")
         result = bench(scn, base, model=model, drain_timeout_s=drain_s)
         run_dir = result.write(out / f"bench-{i}")
         lives.append(result.summary)
-        if before is None:
+        if before is None or stored_profile is None:
             continue
         after = probe_endpoint(target, stored_profile, request_s, per_token_s)
         scales = {k: math.sqrt(before[k] * after[k]) for k in ("prefill_scale", "decode_scale")}
@@ -134,7 +139,8 @@ def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoi
                         stored_summary=stored.summary if sims else None, metrics=LLM_METRICS)
     data = {"scenario": scn.name, "kind": "llm", "driver": "bench", "endpoint": base,
             "model": model, "repeats": repeats, "probe_mode": probe_mode,
-            "profile": scn.service.path,
+            "profile": scn.service.path if isinstance(scn.service, LlmProfileServiceCfg)
+            else None, "service": scn.service.kind,
             "overheads_ms": {"request_ms": request_s * 1e3,
                              "per_output_token_ms": per_token_s * 1e3},
             "offered_rps": stored.summary["stability"]["offered_rps"],

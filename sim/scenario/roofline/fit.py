@@ -17,7 +17,13 @@ import numpy as np
 
 from calibration.step_profile import StepProfile, load_step_profile
 from sim.scenario.roofline.hardware import DeviceSheet, HardwareError, ModelShape, load_device
-from sim.scenario.roofline.model import TERMS, Coefficients, RooflineStepModel, terms_us
+from sim.scenario.roofline.model import (
+    DEFAULT_BETA,
+    TERMS,
+    Coefficients,
+    RooflineStepModel,
+    terms_us,
+)
 from sim.serving.llm.step_model import Composition
 
 TORCH_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -167,13 +173,15 @@ def fit(data: list[ProfileData], holdout: float = 0.25, seed: int = 0,
     test = np.zeros(len(y), bool)
     test[rng.choice(len(y), size=round(holdout * len(y)), replace=False)] = True
     beta = nnls_relative(x[~test], y[~test])
+    unused = [t for t, col in zip(TERMS, x.T, strict=True) if not col.any()]
+    for term in unused:  # what no measured step shows keeps its default (see DEFAULT_BETA)
+        beta[TERMS.index(term)] = DEFAULT_BETA.get(term, 0.0)
     pred = x @ beta
     by_source = {s: {"train": errors(pred[(np.asarray(src) == s) & ~test],
                                       y[(np.asarray(src) == s) & ~test]),
                      "held_out": errors(pred[(np.asarray(src) == s) & test],
                                         y[(np.asarray(src) == s) & test])}
                  for s in dict.fromkeys(src)}
-    unused = [t for t, col in zip(TERMS, x.T, strict=True) if not col.any()]
     meta: dict[str, Any] = {
         "fitted_on": {
             "models": [{"name": p.name, "layers": p.shape.layers, "hidden": p.shape.hidden,

@@ -4,8 +4,8 @@
   Mistral, Mixtral and Qwen-MoE style keys): layers, hidden width, query and KV heads, head
   width, MLP width, vocabulary, experts and active experts, tied embeddings, dtype.
 * :class:`DeviceSheet`: a device's datasheet peaks (dense bf16/fp8 FLOP/s, memory bandwidth,
-  interconnect bandwidth per direction, memory), shipped as YAML for a few GPUs and a nominal
-  CPU core, each with the vendor's source in the file.
+  interconnect bandwidth per direction and all-reduce latency, memory), shipped as YAML
+  for a few GPUs and a nominal CPU core, each with the vendor's source in the file.
 * :func:`kv_cache_blocks`: the KV cache size as vLLM derives it when ``num_gpu_blocks`` is not
   given (``gpu_memory_utilization`` × memory − weights − activations − non-torch memory).
 
@@ -215,6 +215,8 @@ class DeviceSheet:
         interconnect_bps: GPU-to-GPU bandwidth per direction, bytes/s.
         memory_gib: Device memory, GiB.
         sources: Where the numbers come from.
+        allreduce_base_us: Fixed latency of one all-reduce (launch and synchronisation), µs.
+        allreduce_hop_us: Latency of each of a ring all-reduce's ``2 (tp − 1)`` steps, µs.
     """
 
     name: str
@@ -225,6 +227,15 @@ class DeviceSheet:
     interconnect_bps: float
     memory_gib: float
     sources: tuple[str, ...] = field(default_factory=tuple)
+    allreduce_base_us: float = 0.0
+    allreduce_hop_us: float = 0.0
+
+    def allreduce_latency_us(self, tp: int) -> float:
+        """Latency of one ring all-reduce over ``tp`` devices, whatever its size (NCCL's
+        cost model: a base latency plus one hop latency per ring step).
+        """
+        return self.allreduce_base_us + 2 * (tp - 1) * self.allreduce_hop_us if tp > 1 \
+            else 0.0
 
     def flops(self, dtype: str) -> float:
         """Peak FLOP/s for a weight dtype."""
@@ -232,7 +243,9 @@ class DeviceSheet:
 
 
 DEVICE_FIELDS = {"bf16_tflops": 1e12, "fp8_tflops": 1e12, "memory_bw_gbps": 1e9,
-                 "interconnect_gbps": 1e9, "memory_gib": 1.0}
+                 "interconnect_gbps": 1e9, "memory_gib": 1.0, "allreduce_base_us": 1.0,
+                 "allreduce_hop_us": 1.0}
+OPTIONAL_FIELDS = ("fp8_tflops", "interconnect_gbps", "allreduce_base_us", "allreduce_hop_us")
 
 
 def builtin_devices() -> list[str]:
@@ -268,7 +281,7 @@ def load_device(ref: str) -> DeviceSheet:
         raise HardwareError(f"service.device: {ref!r} must be a mapping of keys to values")
     values: dict[str, float] = {}
     for key, scale in DEVICE_FIELDS.items():
-        value = data.get(key, 0.0 if key in ("fp8_tflops", "interconnect_gbps") else None)
+        value = data.get(key, 0.0 if key in OPTIONAL_FIELDS else None)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or \
                 not math.isfinite(value):
             raise HardwareError(f"service.device: {ref!r}: {key} must be a number >= 0 "
@@ -286,7 +299,9 @@ def load_device(ref: str) -> DeviceSheet:
                        memory_bw_bps=values["memory_bw_gbps"],
                        interconnect_bps=values["interconnect_gbps"],
                        memory_gib=values["memory_gib"],
-                       sources=tuple(str(s) for s in data.get("sources") or ()))
+                       sources=tuple(str(s) for s in data.get("sources") or ()),
+                       allreduce_base_us=values["allreduce_base_us"],
+                       allreduce_hop_us=values["allreduce_hop_us"])
 
 
 def kv_cache_blocks(shape: ModelShape, device: DeviceSheet, tp: int, block_size: int,

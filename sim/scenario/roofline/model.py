@@ -19,6 +19,10 @@ term ``t``              basis ``x_t``                                           
                         for one row per sequence / peak
 ``tp_allreduce``        two ring all-reduces per layer of the step's activations /    —
                         interconnect bandwidth per direction (0 at tp = 1)
+``tp_allreduce_latency`` the same two all-reduces per layer × one all-reduce's       —
+                        latency from the device sheet (NCCL's model: base + 2(tp−1)
+                        hops; 0 at tp = 1). A set that does not fit it (every shipped
+                        one) takes β = 1: the sheet's latency as it is
 ``per_layer``           layers (kernel launches, norms, residuals)                    µs
 ``per_request``         sequences in the step (input preparation, sampling)           µs
 ``per_step``            1 (scheduling, synchronisation)                               µs
@@ -44,11 +48,15 @@ from sim.serving.llm.step_model import Composition
 _DATA = resources.files("sim.scenario.roofline")  # shipped devices, coefficients, models
 
 TERMS = ("prefill_compute", "prefill_attention", "decode_compute", "decode_kv", "weights",
-         "lm_head", "tp_allreduce", "per_layer", "per_request", "per_step")
-UNITS = dict.fromkeys(TERMS[:7], "µs per µs of roofline time") | {
+         "lm_head", "tp_allreduce", "tp_allreduce_latency", "per_layer", "per_request",
+         "per_step")
+UNITS = dict.fromkeys(TERMS[:8], "µs per µs of roofline time") | {
     "per_layer": "µs per layer", "per_request": "µs per sequence in the step",
     "per_step": "µs per step"}
 BUILTIN_FOR_KIND = {"cpu": "cpu-decoder", "gpu": "gpu-blis-iter29"}
+# a term a coefficient set leaves out takes this β (0 unless named): the sheet's all-reduce
+# latency is a measured latency, not a peak to correct, so it counts as it is
+DEFAULT_BETA = {"tp_allreduce_latency": 1.0}
 
 
 def terms_us(shape: ModelShape, device: DeviceSheet, tp: int, comp: Composition
@@ -93,6 +101,7 @@ def terms_us(shape: ModelShape, device: DeviceSheet, tp: int, comp: Composition
         ring = 2 * (tp - 1) / tp
         out["tp_allreduce"] = 2 * layers * tokens * d * shape.kv_bytes_per_elem * ring / (
             device.interconnect_bps / 1e6)
+        out["tp_allreduce_latency"] = 2 * layers * device.allreduce_latency_us(tp)
     out["per_layer"] = float(layers) if tokens else 0.0
     out["per_request"] = float(rows)
     out["per_step"] = 1.0 if tokens else 0.0
@@ -112,6 +121,11 @@ class Coefficients:
     values: dict[str, float]
     name: str = "custom"
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = {t: DEFAULT_BETA.get(t, 0.0) for t in TERMS if t not in self.values}
+        if missing:  # a term the set leaves out takes its default
+            object.__setattr__(self, "values", {**self.values, **missing})
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form."""
@@ -167,7 +181,7 @@ def load_coefficients(ref: str, device_kind: str = "gpu") -> Coefficients:
         raise HardwareError(f"service.coefficients: {ref!r}: missing 'coefficients'")
     values: dict[str, float] = {}
     for term in TERMS:
-        value = raw.get(term, 0.0)
+        value = raw.get(term, DEFAULT_BETA.get(term, 0.0))
         if not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
             raise HardwareError(f"service.coefficients: {ref!r}: {term} must be a number "
                                 f">= 0, got {value!r}")

@@ -65,6 +65,37 @@ def test_tensor_parallel_halves_weights_and_adds_all_reduce() -> None:
     assert two["decode_kv"] == one["decode_kv"]
     # 2 all-reduces per layer of 5 tokens × 8 × 2 bytes, ring factor 2·(2−1)/2 = 1
     assert two["tp_allreduce"] == 2 * 2 * 5 * 8 * 2 * 1
+    assert one["tp_allreduce_latency"] == 0 == two["tp_allreduce_latency"]  # UNIT: none
+
+
+def test_all_reduce_latency_counts_two_per_layer_and_grows_with_the_ring() -> None:
+    sheet = DeviceSheet("lat", "gpu", bf16_flops=1e6, fp8_flops=0, memory_bw_bps=1e6,
+                        interconnect_bps=1e6, memory_gib=1, allreduce_base_us=3.0,
+                        allreduce_hop_us=0.5)
+    for tp, per_all_reduce in ((1, 0.0), (2, 3.0 + 2 * 0.5), (8, 3.0 + 14 * 0.5)):
+        assert terms_us(TINY, sheet, tp, MIXED)["tp_allreduce_latency"] == pytest.approx(
+            2 * TINY.layers * per_all_reduce)
+    # a decode-sized step is latency-bound: the latency outweighs the bytes on NVLink
+    h100 = load_device("h100-sxm")
+    assert (h100.allreduce_base_us, h100.allreduce_hop_us) == (3.6, 0.47)
+    assert any("nccl" in src for src in h100.sources)
+    llama = load_shape("builtin:llama-3.1-8b")
+    x = terms_us(llama, h100, 8, Composition(0, 1, 500))
+    assert x["tp_allreduce_latency"] == pytest.approx(2 * 32 * (3.6 + 14 * 0.47))
+    assert x["tp_allreduce_latency"] > 10 * x["tp_allreduce"]
+    # no shipped set fits it: β = 1, so the latency adds to a tp-8 step as it is
+    model = RooflineStepModel(llama, h100, 8, load_coefficients("builtin", "gpu"))
+    assert model.coefficients.values["tp_allreduce_latency"] == 1.0
+    assert model.contributions_us(Composition(0, 1, 500))["tp_allreduce_latency"] == \
+        pytest.approx(x["tp_allreduce_latency"])
+
+
+def test_device_sheet_rejects_a_negative_all_reduce_latency(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("bf16_tflops: 100\nmemory_bw_gbps: 1000\nmemory_gib: 40\n"
+                   "allreduce_hop_us: -1\n")
+    with pytest.raises(HardwareError, match="allreduce_hop_us must be a number >= 0"):
+        load_device(str(bad))
 
 
 def test_moe_weights_grow_with_the_experts_touched() -> None:
@@ -242,7 +273,8 @@ def test_fit_recovers_known_coefficients_and_holds_out() -> None:
     held = got.meta["fit"]["held_out"]
     assert held["n"] == round(0.25 * sum(len(d.rows) for d in data))
     assert held["median_abs"] < 0.03  # the noise is 2%: a median |error| near 1.35%
-    assert got.meta["fit"]["not_identified"] == ["tp_allreduce"]
+    assert got.meta["fit"]["not_identified"] == ["tp_allreduce", "tp_allreduce_latency"]
+    assert got.values["tp_allreduce_latency"] == 1.0  # unseen at tp 1: the sheet's as is
 
 
 def test_fit_cli(tmp_path: Path) -> None:
