@@ -9,22 +9,33 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import figures
+from dashboard.compare_runs import listing, measured_by, run_dirs
 from dashboard.i18n import chart, t
 from sim.metrics.rundir import Result
 from sim.scenario.schema import load_scenario
 
 st.title(t("Verify: simulator vs the real model"))
-st.caption("A `servelab compare` result: the same scenario simulated and run live; the "
-           "prediction is good when its error is inside the live run-to-run spread.")
+st.caption(t("A `servelab compare` result: the same scenario simulated and run live (or, "
+             "with `--endpoint`, measured against a server: vLLM, Ray Serve, KServe); the "
+             "prediction is good when its error is inside the measured run-to-run spread."))
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "compare-mlp"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TARGETS = {"throughput_rps": 0.02, "latency_ms.p50": 0.02, "latency_ms.p99": 0.05,
            # LLM runs (the LLM issue's targets)
            "output_tokens_per_s": 0.02, "ttft_ms.p50": 0.05, "tpot_ms.p50": 0.05,
            "ttft_ms.p99": 0.10, "tpot_ms.p99": 0.10}
 
-folder = st.text_input(t("compare result directory"), str(EXAMPLE), key="verify-dir")
-top = Path(folder)
+folder = st.text_input(t("compare result directory"), str(EXAMPLES), key="verify-dir",
+                       help=t("A `servelab compare` output directory, or a folder holding "
+                              "several: each one found is listed with what it measured."))
+found = listing(Path(folder))
+if len(found) > 1 or (found and found[0][0] != Path(folder)):
+    labels = {str(d): label for d, label in found}
+    top = Path(st.selectbox(t("comparison"), list(labels), format_func=labels.__getitem__,
+                            key="verify-run"))
+else:
+    top = Path(folder)
+measured = measured_by(top)
 loads = sorted(top.glob("rho-*/compare.json"))
 path = top
 if loads:  # a `servelab compare --sweep` directory: one comparison per load
@@ -42,9 +53,13 @@ except (OSError, json.JSONDecodeError) as exc:
 
 rows = pd.DataFrame(data["rows"])
 llm = data.get("kind") == "llm"
+endpoint = measured["kind"] == "endpoint"
+runs_word = t("runs against the server") if endpoint else t("live runs")
 st.markdown(f"**{data['scenario']}** — "
-            + ("LLM scenario" if llm else f"ρ = {data['rho']:.2f}")
-            + f", {data['repeats']} live runs")
+            + (t("LLM scenario") if llm else f"ρ = {data['rho']:.2f}"
+               if data.get("rho") is not None else t("request-level scenario"))
+            + f", {data['repeats']} {runs_word}")
+st.caption(f"{t('measured')}: {measured['label']}")
 probes = data.get("probes") or []
 if llm and data.get("probed") and probes:
     st.info("Predictions use the step profile rescaled by the probes around each live run: "
@@ -60,6 +75,11 @@ elif data.get("probed") and probes:
             + ". 'stored error' is the stored profile's prediction against the same runs.")
 for note in data.get("calibration_warnings", []):
     st.warning(f"calibration mismatch: {note}")
+
+
+def trace_name(run: str) -> str:
+    """A run's name in the figures: a bench run names the server it measured."""
+    return f"{run} ({measured['server']})" if run.startswith("bench-") else run
 
 
 def colour(row: pd.Series) -> list[str]:
@@ -89,14 +109,14 @@ if llm:
     from calibration.report import PALETTE
 
     fig = go.Figure()
-    dirs = [path / "sim", *sorted(path.glob("sim-*")), *sorted(path.glob("live-*"))]
+    dirs = [path / "sim", *sorted(path.glob("sim-*")), *run_dirs(path)]
     for i, run_dir in enumerate(d for d in dirs if (d / "requests.parquet").is_file()):
         req = pd.read_parquet(run_dir / "requests.parquet")
         ok = req[req["status"] == "ok"]
         ttft = ((ok["first_token_s"] - ok["arrival_s"]) * 1e3).sort_values().to_numpy()
         if ttft.size:
             fig.add_trace(go.Scatter(x=ttft, y=[(k + 1) / ttft.size for k in range(ttft.size)],
-                                     name=run_dir.name, mode="lines",
+                                     name=trace_name(run_dir.name), mode="lines",
                                      line={"color": PALETTE[i % len(PALETTE)]}))
     fig.update_layout(title="TTFT CDF, sim vs live", xaxis_title="TTFT (ms)",
                       xaxis_type="log", yaxis_title="fraction of requests",
@@ -122,8 +142,11 @@ if (path / "sim-1").is_dir():
         runs["sim (probed, run 1)"] = load_run(path / "sim-1")
     except (OSError, ValueError) as exc:  # e.g. the probed profile moved away
         st.caption(f"probed simulation not shown: {exc}")
-for live_dir in sorted(path.glob("live-*")):
-    runs[live_dir.name] = load_run(live_dir)
+for live_dir in run_dirs(path):
+    try:
+        runs[trace_name(live_dir.name)] = load_run(live_dir)
+    except (OSError, ValueError) as exc:
+        st.caption(f"{live_dir.name} not shown: {exc}")
 chart(figures.latency_cdf(runs))
 fidelity = top / "fidelity.csv"
 if fidelity.is_file():
