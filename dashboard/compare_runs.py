@@ -12,6 +12,7 @@ no streamlit here.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def server_name(meta: dict[str, Any]) -> str | None:
     """What the server measured by a run called itself (None: not recorded)."""
     for key in ("server", "server_name"):
         if isinstance(meta.get(key), str) and meta[key]:
-            return SERVER_NAMES.get(meta[key].lower(), meta[key])
+            return SERVER_NAMES.get(meta[key].lower(), str(meta[key]))
     models = (meta.get("server_models") or {}).get("data") or []
     owners = [m.get("owned_by") for m in models if isinstance(m, dict) and m.get("owned_by")]
     if owners:
@@ -88,18 +89,27 @@ def measured_by(path: Path) -> dict[str, Any]:
             runs and runs[0].name.startswith("bench-")):
         server = server_name(meta) or server_name(data) or "a server"
         api = API_NAMES.get(str(device.get("api")), device.get("api"))
-        label = f"endpoint: {server}" + (f" ({api})" if api else "") + (
-            f" at {endpoint}" if endpoint else "")
-        return {"kind": "endpoint", "server": server, "label": label}
+        return {"kind": "endpoint", "server": server, "api": api, "endpoint": endpoint}
     name = device.get("name") or device.get("kind") or "the local device"
-    return {"kind": "live", "server": "servelab executor",
-            "label": f"live: servelab executor on {name}"}
+    return {"kind": "live", "server": "servelab executor", "device": name}
 
 
-def listing(root: Path) -> list[tuple[Path, str]]:
-    """(directory, label) of every comparison under ``root``: the live ones first, then
-    those measured against a server, each by name.
+def label(info: dict[str, Any], tr: Callable[[str], str] = str) -> str:
+    """One line for :func:`measured_by`'s answer, its words passed through ``tr`` (the
+    dashboard's translation): ``endpoint: vLLM (OpenAI completions) at http://…`` or
+    ``live: servelab executor on cpu``.
+    """
+    if info["kind"] == "endpoint":
+        return (f"{tr('endpoint')}: {tr(info['server'])}"
+                + (f" ({tr(info['api'])})" if info.get("api") else "")
+                + (f" {tr('at')} {info['endpoint']}" if info.get("endpoint") else ""))
+    return f"{tr('live')}: {tr('servelab executor')} {tr('on')} {info['device']}"
+
+
+def listing(root: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(directory, :func:`measured_by`) of every comparison under ``root``: the live ones
+    first, then those measured against a server, each by name.
     """
     rows = [(d, measured_by(d)) for d in compare_dirs(root)]
     rows.sort(key=lambda r: (r[1]["kind"] != "live", str(r[0])))
-    return [(d, f"{d.name} — {info['label']}") for d, info in rows]
+    return rows

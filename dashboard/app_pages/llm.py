@@ -11,7 +11,7 @@ import streamlit as st
 
 from dashboard import figures, prefix_cache_view
 from dashboard.estimates import fmt_ci, quantile_ci
-from dashboard.i18n import chart, frame, t
+from dashboard.i18n import chart, frame, t, translator
 from dashboard.state import fmt, run_llm_scenario
 
 # A short default horizon answers a knob within a second; the cards show each percentile's
@@ -58,9 +58,11 @@ SCHEDULERS: dict[str, dict[str, Any]] = {
 
 left, right = st.columns([1, 3])
 with left:
-    model_name = st.selectbox(t("step model"), list(STEP_MODELS), key="llm-model")
+    model_name = st.selectbox(t("step model"), list(STEP_MODELS), format_func=translator(),
+                              key="llm-model")
     sources = ["Azure conversation trace", "token-length distributions"]
-    source = st.radio(t("request source"), sources, format_func=t, key="llm-source")
+    source = st.radio(t("request source"), sources, format_func=translator(),
+                      key="llm-source")
     n_requests = st.slider(t("requests"), 100, 5000, DEFAULT_REQUESTS, step=100,
                            key="llm-requests", help=t(REQUESTS_HELP))
     if source == "Azure conversation trace":
@@ -82,7 +84,8 @@ with left:
         base_rate = float(rate)
     chosen = st.multiselect(t("schedulers (2–4)"), list(SCHEDULERS),
                             default=["vllm, chunked prefill (512)", "static (batch 8)"],
-                            max_selections=4, key="llm-schedulers")
+                            max_selections=4, format_func=translator(),
+                            key="llm-schedulers")
     with st.expander(t("KV cache and limits")):
         blocks = st.number_input("num_gpu_blocks", 16, 1_000_000, 8192, key="llm-blocks")
         max_seqs = st.number_input("max_num_seqs", 1, 1024, 64, key="llm-seqs")
@@ -145,7 +148,7 @@ with right:
         st.info(t("Pick at least one scheduler."))
         st.stop()
     first_name = chosen[0]
-    st.markdown(f"**{first_name}**")
+    st.markdown(f"**{t(first_name)}**")
     board = st.empty()  # the cards: a first estimate, then the full run in the same place
     full = scenario(SCHEDULERS[first_name])
     done = st.session_state.setdefault("llm-done", set())

@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from dashboard.compare_runs import compare_dirs, listing, measured_by, run_dirs, server_name
+from dashboard.compare_runs import compare_dirs, label, listing, measured_by, run_dirs, server_name
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "dashboard" / "examples"
 STUB = EXAMPLES / "compare-endpoint-stub"
@@ -18,11 +18,11 @@ def test_the_shipped_examples_are_listed_live_first_then_the_endpoint_one() -> N
     found = listing(EXAMPLES)
     names = [d.name for d, _ in found]
     assert names == ["compare-llm", "compare-mlp", "compare-endpoint-stub"]
-    labels = dict(found)
-    assert "live: servelab executor" in labels[EXAMPLES / "compare-mlp"]
+    labels = {d: label(info) for d, info in found}
+    assert labels[EXAMPLES / "compare-mlp"] == "live: servelab executor on cpu"
     # the server is named from what it reported (its /v1/models owned_by), with the API
-    assert labels[STUB].startswith("compare-endpoint-stub — endpoint: servelab stub server "
-                                   "(OpenAI completions) at http://127.0.0.1:")
+    assert labels[STUB].startswith("endpoint: servelab stub server (OpenAI completions) at "
+                                   "http://127.0.0.1:")
 
 
 def test_an_endpoint_compare_holds_bench_runs_whose_meta_names_the_server() -> None:
@@ -58,4 +58,4 @@ def test_a_sweep_is_listed_once_and_servers_are_named_from_their_metadata(tmp_pa
                                        "url": "http://127.0.0.1:8000"}}))
     info = measured_by(tmp_path / "rq")
     assert info["kind"] == "endpoint"
-    assert info["label"] == "endpoint: a server (HTTP JSON) at http://127.0.0.1:8000"
+    assert label(info) == "endpoint: a server (HTTP JSON) at http://127.0.0.1:8000"
