@@ -212,14 +212,18 @@ def measure(bases: dict[str, str], repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def write(rows: list[dict[str, Any]], label: str) -> None:
-    """The markdown table and the JSON next to it."""
+def write(rows: list[dict[str, Any]], label: str, note: str = "",
+          meta_extra: dict[str, Any] | None = None) -> None:
+    """The markdown table and the JSON next to it (``note``: how the run was made, e.g. with
+    CPU priority; ``meta_extra`` overrides fields of the run's description).
+    """
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = f"-{label}" if label else ""
     load = os.getloadavg()
     meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(),
             "python": platform.python_version(), "cpus": os.cpu_count(),
-            "loadavg_1min": round(load[0], 2), "label": label}
+            "loadavg_1min": round(load[0], 2), "label": label, "note": note,
+            **(meta_extra or {})}
     lines = [f"# Dashboard speed{f' ({label})' if label else ''}", "",
              f"Headless Chromium against `servelab dashboard`, {meta['when']}, "
              f"{meta['cpus']} CPUs, load average {meta['loadavg_1min']} at the end (a shared "
@@ -228,7 +232,8 @@ def write(rows: list[dict[str, Any]], label: str) -> None:
              "estimate of a short run, marked as such); *final*: the cards hold the full "
              "run's numbers; *settled*: the whole run, figures included, has finished. "
              "Targets: Explore <= 0.5 s, LLM <= 1 s per knob move (on the median of "
-             "*answered*; *final* and *settled* shown beside it).", "",
+             "*answered*; *final* and *settled* shown beside it).",
+             *(["", note] if note else []), "",
              "| code | page | case | answered median (s) | answered max (s) | final median "
              "(s) | settled median (s) | target (s) | met |",
              "|---|---|---|---:|---:|---:|---:|---:|:---:|"]
@@ -257,6 +262,7 @@ def main() -> None:
     parser.add_argument("--baseline", default=None,
                         help="also time this git revision's dashboard, in turn with this one")
     parser.add_argument("--label", default="", help="suffix of the result files")
+    parser.add_argument("--note", default="", help="how the run was made (into the results)")
     args = parser.parse_args()
     servers: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="servelab-baseline-") as tmp:
@@ -273,7 +279,7 @@ def main() -> None:
         finally:
             for server in servers:
                 stop_server(server)
-    write(rows, args.label)
+    write(rows, args.label, args.note)
 
 
 if __name__ == "__main__":
