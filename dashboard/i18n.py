@@ -13,6 +13,8 @@ Streamlit's face and Chinese renders on a machine without CJK fonts.
 from __future__ import annotations
 
 import base64
+import re
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard.zh import ZH
+from dashboard.zh import ZH, ZH_PATTERNS
 
 LANGS = {"English": "en", "中文": "zh"}
 STATIC = Path(__file__).resolve().parent / "static"
@@ -42,7 +44,15 @@ def current() -> str:
 
 def t(text: str) -> str:
     """``text`` in the chosen language (itself when English or untranslated)."""
-    return ZH.get(text, text) if current() == "zh" else text
+    return str(_tr(text)) if current() == "zh" else text
+
+
+def translator() -> Callable[[str], str]:
+    """:func:`t` bound to the language chosen now: a widget's ``format_func`` (Streamlit
+    may call it where the session's state is not at hand).
+    """
+    lang = current()
+    return lambda text: str(_tr(text)) if lang == "zh" else text
 
 
 def picker() -> None:
@@ -55,7 +65,18 @@ def picker() -> None:
 
 
 def _tr(value: Any) -> Any:
-    return ZH.get(value, value) if isinstance(value, str) else value
+    if not isinstance(value, str):
+        return value
+    if value in ZH:
+        return ZH[value]
+    for pattern, chinese in _PATTERNS:  # labels with a number in them: "batch ≤ 8"
+        hit = pattern.fullmatch(value)
+        if hit:
+            return chinese.format(*hit.groups())
+    return value
+
+
+_PATTERNS = [(re.compile(pattern), chinese) for pattern, chinese in ZH_PATTERNS]
 
 
 def localize(fig: go.Figure, lang: str | None = None) -> go.Figure:

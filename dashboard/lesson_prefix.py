@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dashboard.i18n import frame
 from dashboard.lessons import Lesson
 from dashboard.state import fmt, run_llm_scenario
 from sim.scenario.workloads import data_path
@@ -45,7 +46,7 @@ def exp_second_turn(lang: str) -> None:
                          "prompt tokens (mean)": fmt(float(req['prompt_tokens'][pick].mean()), 0),
                          "cached tokens (mean)": fmt(float(cached[pick].mean()), 0),
                          "TTFT P50 ms": fmt(float(np.median(ttft_ms[pick])), 1)})
-    st.dataframe(pd.DataFrame(rows), hide_index=True)
+    st.dataframe(frame(pd.DataFrame(rows), lang), hide_index=True)
 
 
 LESSON = Lesson(

@@ -11,9 +11,12 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from calibration.report import PALETTE
+from dashboard.i18n import chart, t
 from dashboard.state import fmt, run_llm_scenario
 
 TRACE = "builtin:synthetic_chat_blksz_16.jsonl"
+EVICTED_NOTE = ("{evicted} blocks evicted (LRU). The trace is synthetic: 400 chats sharing 8 "
+                "system prompts, each turn extending the previous one.")
 SERVICE = {"kind": "llm_linear", "base_ms": 6.0, "per_prefill_token_ms": 0.12,
            "per_decode_seq_ms": 0.3, "per_kv_token_ms": 0.00008}
 
@@ -45,19 +48,20 @@ def scenario(caching: bool, replicas: int, routing: str, blocks: int, n: int,
 
 def render() -> None:
     """The section (nothing runs until its switch is on)."""
-    st.subheader("Prefix caching")
-    if not st.toggle("simulate prefix caching on a multi-turn chat trace (synthetic)",
+    st.subheader(t("Prefix caching"))
+    if not st.toggle(t("simulate prefix caching on a multi-turn chat trace (synthetic)"),
                      value=False, key="llm-prefix"):
-        st.caption("vLLM reuses the KV blocks of a prompt's cached prefix: the second turn "
-                   "of a chat prefills only its new tokens. Turn the switch on to compare.")
+        st.caption(t("vLLM reuses the KV blocks of a prompt's cached prefix: the second "
+                     "turn of a chat prefills only its new tokens. Turn the switch on to "
+                     "compare."))
         return
     c = st.columns(4)
-    replicas = c[0].number_input("replicas", 1, 8, 2, key="llm-prefix-replicas")
-    routing = c[1].selectbox("routing (caching on)", ["prefix_affinity", "jsq", "round_robin"],
+    replicas = c[0].number_input(t("replicas"), 1, 8, 2, key="llm-prefix-replicas")
+    routing = c[1].selectbox(t("routing (caching on)"), ["prefix_affinity", "jsq", "round_robin"],
                              key="llm-prefix-routing")
-    blocks = c[2].number_input("KV blocks per replica (16 tokens)", 64, 100_000, 1024,
+    blocks = c[2].number_input(t("KV blocks per replica (16 tokens)"), 64, 100_000, 1024,
                                key="llm-prefix-blocks")
-    scale = c[3].slider("time scale (smaller: more load)", 0.1, 2.0, 0.5,
+    scale = c[3].slider(t("time scale (smaller: more load)"), 0.1, 2.0, 0.5,
                         key="llm-prefix-scale")
     runs = {}
     for caching in (False, True):
@@ -69,12 +73,11 @@ def render() -> None:
     on, off = runs["on"].summary, runs["off"].summary
     pc = on["prefix_cache"]
     cards = st.columns(4)
-    cards[0].metric("hit rate (tokens)", fmt(100 * pc["hit_rate"], 1, "%"))
-    cards[1].metric("prefill tokens saved", f"{pc['prefill_tokens_saved']:,}")
-    cards[2].metric("TTFT P50 off → on", f"{off['ttft_ms']['p50']:.0f} → "
+    cards[0].metric(t("hit rate (tokens)"), fmt(100 * pc["hit_rate"], 1, "%"))
+    cards[1].metric(t("prefill tokens saved"), f"{pc['prefill_tokens_saved']:,}")
+    cards[2].metric(t("TTFT P50 off → on"), f"{off['ttft_ms']['p50']:.0f} → "
                                          f"{on['ttft_ms']['p50']:.0f} ms")
-    cards[3].metric("TTFT P99 off → on", f"{off['ttft_ms']['p99']:.0f} → "
+    cards[3].metric(t("TTFT P99 off → on"), f"{off['ttft_ms']['p99']:.0f} → "
                                          f"{on['ttft_ms']['p99']:.0f} ms")
-    st.plotly_chart(hit_rate_figure({f"caching on, {routing}": pc["hit_rate_over_time"]}))
-    st.caption(f"{pc['evictions']:,} blocks evicted (LRU). The trace is synthetic: 400 chats "
-               "sharing 8 system prompts, each turn extending the previous one.")
+    chart(hit_rate_figure({f"{t('caching on')}, {routing}": pc["hit_rate_over_time"]}))
+    st.caption(t(EVICTED_NOTE).format(evicted=f"{pc['evictions']:,}"))

@@ -11,7 +11,7 @@ import yaml
 
 import sim
 from calibration.profile import LatencyProfile, ProfileError, builtin_profiles
-from dashboard.i18n import t
+from dashboard.i18n import t, translator
 from sim.scenario.schema import ScenarioError
 
 MAX_REQUESTS = 200_000
@@ -175,7 +175,8 @@ def profile_choice(key: str, label: str = "latency profile",
     options = [f"builtin:{n}" for n in builtin_profiles()]
     wanted = default if default in options else "builtin:minilm-cpu"
     index = options.index(wanted) if wanted in options else 0
-    choice = st.selectbox(t(label), [*options, "upload…"], index=index, key=key)
+    choice = st.selectbox(t(label), [*options, "upload…"], index=index, format_func=translator(),
+                          key=key)
     if choice != "upload…":
         return str(choice)
     upload = st.file_uploader(t("profile JSON"), type=["json"], key=f"{key}-upload")

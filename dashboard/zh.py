@@ -171,4 +171,127 @@ ZH: dict[str, str] = {
     "replica-seconds error %": "副本秒数误差 %",
     "upscales, Ray / servelab": "扩容次数，Ray / servelab",
     "P99 ms, Ray / servelab": "P99 毫秒，Ray / servelab", "P99 error %": "P99 误差 %",
+    # this round: the LLM page, prefix caching, Calibration, Verify, lesson row labels
+    "KV cache utilisation (mean)": "KV 缓存利用率（平均）", "queue wait mean (ms)":
+        "排队等待平均（毫秒）", "mean batch size": "平均批大小", "utilisation": "利用率",
+    "replica-seconds": "副本·秒", "cold start p50 (s)": "冷启动 P50（秒）",
+    "requests that waited on a cold start": "等待冷启动的请求数",
+    "cost per million (USD)": "每百万请求成本（美元）",
+    '8B-class GPU (linear, builtin:llm-demo)': '8B 级 GPU（线性，builtin:llm-demo）',
+    'CPU decoder, measured (builtin:llm-small-cpu)': 'CPU 解码器，实测（builtin:llm-small-cpu）',
+    'vllm, chunked prefill (512)': 'vllm，分块预填充（512）',
+    'vllm, chunked prefill (2048)': 'vllm，分块预填充（2048）',
+    'vllm, no chunking': 'vllm，不分块',
+    'vllm V0 (prefill first)': 'vllm V0（预填充优先）',
+    'sarathi (256)': 'sarathi（256）',
+    'continuous (Orca)': '连续批处理（Orca）',
+    'static (batch 8)': '静态批处理（批 8）',
+    'First estimate from the first {first} requests only (the run starts with an empty queu'
+    'e, so under heavy load it reads low); refining on {n} requests…':
+        '仅由前 {first} 个请求得到的初步估计（运行从空队列开始，重负载下会偏低）；正在基于 {n} '
+        '个请求细化…',
+    'KV cache and sequences over time (maximum per bin)':
+        'KV 缓存与序列数随时间变化（每区间最大值）',
+    'queue length over time (maximum per bin)': '队列长度随时间变化（每区间最大值）',
+    'Prefix caching': '前缀缓存',
+    'simulate prefix caching on a multi-turn chat trace (synthetic)':
+        '在多轮对话轨迹（合成）上模拟前缀缓存',
+    "vLLM reuses the KV blocks of a prompt's cached prefix: the second turn of a chat prefi"
+    'lls only its new tokens. Turn the switch on to compare.':
+        'vLLM 复用提示词已缓存前缀的 KV 块：对话的第二轮只需预填充新增的 token。打开开关进行对'
+        '比。',
+    'routing (caching on)': '路由（开启缓存时）',
+    'KV blocks per replica (16 tokens)': '每副本 KV 块数（每块 16 token）',
+    'time scale (smaller: more load)': '时间缩放（越小负载越高）',
+    'hit rate (tokens)': '命中率（token）',
+    'prefill tokens saved': '节省的预填充 token',
+    'TTFT P50 off → on': 'TTFT P50 关闭 → 开启',
+    'TTFT P99 off → on': 'TTFT P99 关闭 → 开启',
+    'caching on': '开启缓存',
+    '{evicted} blocks evicted (LRU). The trace is synthetic: 400 chats sharing 8 system pro'
+    'mpts, each turn extending the previous one.':
+        '{evicted} 个块被逐出（LRU）。该轨迹为合成数据：400 段对话共享 8 个系统提示词，每一轮在'
+        '上一轮的基础上延伸。',
+    'prefix-cache hit rate over time (tokens)': '前缀缓存命中率随时间变化（token）',
+    'arrival time (s)': '到达时间（秒）',
+    'hit rate (%)': '命中率（%）',
+    'cached tokens (mean)': '缓存 token 数（平均）',
+    'Latency of one batch against batch size, as measured (median with p5–p95 band), the th'
+    'roughput it gives, and what each item costs.':
+        '单个批次的延迟随批大小的变化（实测中位数及 p5–p95 区间）、由此得到的吞吐量，以及每条请'
+        '求的成本。',
+    'Pick at least one profile.': '请至少选择一个性能曲线。',
+    'threads': '线程',
+    'measured': '测量于',
+    'synthetic': '合成',
+    'upload…': '上传…',
+    'A `servelab compare` result: the same scenario simulated and run live (or, with `--end'
+    'point`, measured against a server: vLLM, Ray Serve, KServe); the prediction is good wh'
+    'en its error is inside the measured run-to-run spread.':
+        '`servelab compare` 的结果：同一场景分别模拟与实机运行（或用 `--endpoint` 对服务器实测'
+        '：vLLM、Ray Serve、KServe）；预测误差落在实测运行间波动之内即为良好。',
+    'A `servelab compare` output directory, or a folder holding several: each one found is '
+    'listed with what it measured.':
+        '`servelab compare` 的输出目录，或包含多个输出目录的文件夹：找到的每一个都会列出并注明'
+        '其测量对象。',
+    'comparison': '对比结果',
+    'runs against the server': '次对服务器的运行',
+    'live runs': '次实机运行',
+    'LLM scenario': '大模型场景',
+    'request-level scenario': '请求级场景',
+    'measured by': '测量对象',
+    'endpoint': '端点',
+    'at': '地址',
+    'live': '实机',
+    'servelab executor': 'servelab 执行器',
+    'on': '运行于',
+    'a server': '某服务器',
+    'servelab stub server': 'servelab 桩服务器',
+    'OpenAI completions': 'OpenAI 补全接口',
+    'OpenAI chat': 'OpenAI 对话接口',
+    'KServe v2': 'KServe v2 协议',
+    'HTTP JSON': 'HTTP JSON 接口',
+    'Run `servelab compare SCENARIO --out DIR` and give DIR here (a shipped example is the '
+    'default).':
+        '运行 `servelab compare SCENARIO --out DIR` 并在此填入 DIR（默认是随附的示例）。',
+    'Predictions use the step profile rescaled by the probes around each live run':
+        '预测使用经每次实机运行前后的探测重新缩放的步进曲线',
+    "Predictions use the profile rescaled to the device's speed, probed around each live ru"
+    'n':
+        '预测使用按设备当前速度重新缩放的性能曲线（在每次实机运行前后探测）',
+    "'stored error' is the stored profile's prediction against the same runs.":
+        '“存储曲线误差”是存储的性能曲线对同一组运行的预测误差。',
+    'prefill': '预填充',
+    'decode': '解码',
+    'drift': '漂移',
+    'drift during the run': '运行期间的漂移',
+    'calibration mismatch': '校准不匹配',
+    'Green: within the target (throughput and P50 ±2%, P99 ±5%; LLM: TTFT/TPOT P50 ±5%, P99'
+    ' ±10%) or inside the live spread; orange: outside both.':
+        '绿色：在目标范围内（吞吐量与 P50 ±2%，P99 ±5%；大模型：TTFT/TPOT P50 ±5%，P99 ±10%）或'
+        '在实测波动之内；橙色：两者都不满足。',
+    'metric': '指标',
+    'label': '名称',
+    'sim': '模拟',
+    'live_median': '实测中位数',
+    'prediction error %': '预测误差 %',
+    'live_min': '实测最小值',
+    'live_max': '实测最大值',
+    'within_spread': '在波动之内',
+    'stored error %': '存储曲线误差 %',
+    'TTFT CDF, sim vs live': 'TTFT 累积分布：模拟与实测',
+    'target (Ray Serve)': '目标进行中请求数（Ray Serve）',
+    'concurrency, scale to zero (Knative)': '并发，可缩容到零（Knative）',
 }
+
+# Labels with a number in them (regular expression -> Chinese with the groups in order).
+ZH_PATTERNS: list[tuple[str, str]] = [
+    (r"batch ≤ (\d+)", "批 ≤ {0}"),
+    (r"batch (\d+)", "批大小 {0}"),
+    (r"fixed (\d+)", "固定 {0} 个副本"),
+    # the comparison metrics (executor.compare, executor.compare_llm)
+    (r"(TTFT|TPOT|ITL|E2E) mean \(ms\)", "{0} 平均（毫秒）"),
+    (r"(TTFT|TPOT|ITL|E2E) (p\d+) \(ms\)", "{0} {1}（毫秒）"),
+    (r"latency mean \(ms\)", "延迟平均（毫秒）"),
+    (r"latency (p\d+) \(ms\)", "延迟 {0}（毫秒）"),
+]

@@ -61,6 +61,7 @@ class Probe:
         cold_median_s: Median model time of the cold batches.
         cold_profile_median_s: The profile's cold median at that size.
         cold_reps: Cold batches timed.
+        budget_s: The time the probe was asked to keep to (nan: not stated).
     """
 
     model_median_s: dict[int, float]
@@ -73,6 +74,7 @@ class Probe:
     cold_median_s: float = math.nan
     cold_profile_median_s: float = math.nan
     cold_reps: int = 0
+    budget_s: float = math.nan
 
     @property
     def cold_ratio(self) -> float:
@@ -97,7 +99,7 @@ class Probe:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (milliseconds)."""
-        return {"wall_s": self.wall_s, "scale": self.scale,
+        return {"wall_s": self.wall_s, "budget_s": self.budget_s, "scale": self.scale,
                 "overhead_ms": self.overhead_s * 1e3,
                 "cold": {"batch_size": self.cold_size, "reps": self.cold_reps,
                          "model_median_ms": self.cold_median_s * 1e3,
@@ -216,11 +218,17 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
         runner: The model runner (the one a live replica uses).
         profile: The profile whose medians the probe is compared with.
         sizes: Batch sizes (items) to probe; each must be measured in the profile.
-        budget_s: Target total time; sets the repetitions per size (within the bounds) and
-            which sizes run: when ``min_reps`` of every size would not fit, the sizes that
-            do not fit are left out (:func:`sizes_within_budget`; the largest always runs),
-            and where even that is too long, fewer batches run (at least 3). With cold
-            samples in the profile, a third of it goes to cold batches.
+        budget_s: The time the probe keeps to. A first timing (three batches of the
+            smallest size) gives the device's speed, each batch's overhead beyond the model
+            call and a live run's start-up cost; from them the probe plans the repetitions
+            per size (within the bounds) and which sizes run: when ``min_reps`` of every
+            size would not fit, the sizes that do not fit are left out
+            (:func:`sizes_within_budget`; the largest always runs), and where even that is
+            too long, fewer batches run (at least 3). Each run corrects the estimate for
+            the next; a size that no longer fits is skipped once one size is measured. With
+            cold samples in the profile, what is left of the last third goes to cold
+            batches (none when fewer than 3 fit). Only the first timing and one run of 3
+            batches are certain to run, so a budget below them is overrun.
         min_reps: Fewest timed batches per size.
         max_reps: Most timed batches per size.
         seed: Seeds the payloads.
@@ -236,53 +244,98 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     if not 1 <= min_reps <= max_reps or budget_s <= 0:
         raise ValueError("probe: need 1 <= min_reps <= max_reps and budget_s > 0")
     t0 = time.perf_counter()
+    deadline_s = t0 + budget_s
     model: dict[int, float] = {}
     model_se: dict[int, float] = {}
     overheads: list[float] = []
     reps: dict[int, int] = {}
     cold_size = sizes[0] if sizes[0] == 1 and 1 in profile.cold_samples_s else 0
-    warm_budget_s = budget_s * (2 / 3 if cold_size else 1.0)
+    warm_deadline_s = t0 + budget_s * (2 / 3 if cold_size else 1.0)
     ordered = sorted(sizes)
-    first_pilot, _ = _saturated(runner, ordered[0], 3, seed)  # warm-up; the device's speed
-    speed = max(float(np.median(first_pilot)) / profile.median_s(ordered[0]), 1e-3)
-    # what one short live run costs beyond its batches (driver start-up, thread hand-offs)
-    call_s = max(0.0, time.perf_counter() - t0 - float(np.sum(first_pilot)))
-    left_s = warm_budget_s - (time.perf_counter() - t0)
+    # a first timing: three batches of the smallest size (also the warm-up) give the
+    # device's speed against the profile, the overhead each batch adds beyond the model
+    # call, and what one short live run costs beyond its batches (driver start-up, threads)
+    first_model, first_extra = _saturated(runner, ordered[0], 3, seed)
+    pilot_s = time.perf_counter() - t0
+    speed = max(float(np.median(first_model)) / profile.median_s(ordered[0]), 1e-3)
+    extra_s = max(float(np.median(first_extra)), 0.0)
+    call_s = max(0.0, pilot_s - 3 * (float(np.median(first_model)) + extra_s))
+    plan = _Plan(speed=speed, extra_s=extra_s, call_s=call_s)
 
     def cost_s(size: int) -> float:
-        return call_s + speed * profile.median_s(size) * (min_reps + 2)
+        return plan.run_s(profile.median_s(size), min_reps + 2)
 
-    chosen = sizes_within_budget(ordered, cost_s, left_s)
+    chosen = sizes_within_budget(ordered, cost_s, warm_deadline_s - time.perf_counter())
     for i, size in enumerate(chosen):
-        batch_s = max(speed * profile.median_s(size), 1e-6)  # the profile at today's speed
+        left_s = warm_deadline_s - time.perf_counter()
         # this size's share of what is left, keeping the minimum for the sizes after it;
         # fewer than min_reps batches (at least 3) only where the budget cannot hold them
-        reserve_s = sum(cost_s(b) for b in chosen[i + 1:]) + call_s
+        reserve_s = sum(cost_s(b) for b in chosen[i + 1:])
         share_s = (left_s - reserve_s) / (len(chosen) - i) if i < len(chosen) - 1 else \
             left_s - reserve_s
-        n = int(np.clip(share_s / batch_s - 2, 3, max_reps))
+        n = plan.batches_within(profile.median_s(size), share_s, max_reps + 2) - 2
+        if n < 3 and model:
+            continue  # over budget already: the sizes measured so far pool into the scale
+        n = max(n, 3)
         started_s = time.perf_counter()
         times, extra = _saturated(runner, size, n + 2, seed)
+        plan.learn(profile.median_s(size), n + 2, time.perf_counter() - started_s)
         times, extra = times[1:], extra[1:]  # the first batch ran after idling
         model[size] = float(np.median(times))
         model_se[size] = float(1.2533 * np.std(times, ddof=1) / math.sqrt(times.size)
                                / model[size])
         overheads.extend(extra.tolist())
         reps[size] = int(times.size)
-        left_s -= time.perf_counter() - started_s
     cold_median_s, cold_reps = math.nan, 0
     if cold_size:
         idle_s = float((profile.meta.get("cold") or {}).get("idle_ms", 50.0)) / 1e3
         warm_s = model.get(cold_size, speed * profile.median_s(cold_size))
-        n = int(np.clip(budget_s / 3 / (idle_s + 1.2 * warm_s), min_reps, max_reps))
-        cold_times = _cold(runner, n, idle_s, warm_s, profile.cold_after_s, seed)
-        if cold_times.size:
-            cold_median_s, cold_reps = float(np.median(cold_times)), int(cold_times.size)
+        # the arrivals are paced, so the run lasts n periods plus one live run's start-up
+        period_s = idle_s + 1.2 * warm_s
+        n = min(int((deadline_s - time.perf_counter() - plan.call_s * plan.fix) / period_s),
+                max_reps)
+        if n >= 3:  # fewer cold batches say nothing: no cold scale rather than overrun
+            cold_times = _cold(runner, n, idle_s, warm_s, profile.cold_after_s, seed)
+            if cold_times.size:
+                cold_median_s, cold_reps = float(np.median(cold_times)), int(cold_times.size)
     cold_profile_s = (float(np.median(profile.cold_samples_s[cold_size])) if cold_size
                       else math.nan)
     return Probe(model, {b: profile.median_s(b) for b in model}, float(np.mean(overheads)),
                  reps, time.perf_counter() - t0, model_se, cold_size, cold_median_s,
-                 cold_profile_s, cold_reps)
+                 cold_profile_s, cold_reps, budget_s)
+
+
+@dataclass
+class _Plan:
+    """How long a probe run will take, from the first timing, corrected by each run since.
+
+    A run of ``n`` batches of a size whose profile median is ``median_s`` lasts about
+    ``call_s + n * (speed * median_s + extra_s)``; ``fix`` is the ratio of what the last
+    run really took to that estimate (a machine whose load changed mid-probe).
+    """
+
+    speed: float
+    extra_s: float
+    call_s: float
+    fix: float = 1.0
+
+    def batch_s(self, median_s: float) -> float:
+        """One batch's wall time (model call plus the dispatch overhead)."""
+        return max(self.speed * median_s + self.extra_s, 1e-6)
+
+    def run_s(self, median_s: float, n: int) -> float:
+        """A run of ``n`` batches, start-up included."""
+        return self.fix * (self.call_s + n * self.batch_s(median_s))
+
+    def batches_within(self, median_s: float, budget_s: float, most: int) -> int:
+        """The most batches (at most ``most``) whose run fits ``budget_s``."""
+        room_s = budget_s / self.fix - self.call_s
+        return int(min(max(room_s, 0.0) / self.batch_s(median_s), most))
+
+    def learn(self, median_s: float, n: int, took_s: float) -> None:
+        """Correct the estimate by a run that took ``took_s``."""
+        estimate_s = self.call_s + n * self.batch_s(median_s)
+        self.fix = float(np.clip(took_s / estimate_s, 0.5, 4.0))
 
 
 def sizes_within_budget(sizes: Sequence[int], cost_s: Callable[[int], float],

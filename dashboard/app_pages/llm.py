@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import streamlit as st
 
 from dashboard import figures, prefix_cache_view
 from dashboard.estimates import fmt_ci, quantile_ci
-from dashboard.i18n import chart, frame, t
+from dashboard.i18n import chart, frame, t, translator
 from dashboard.llm_roofline_picker import ROOFLINE, roofline_policy, roofline_service
 from dashboard.state import fmt, run_llm_scenario
 
@@ -24,6 +25,11 @@ HORIZON_NOTE = ("Simulated on {n} requests: the percentiles are estimates, with 
                 "order-statistic interval under each card (it treats requests as "
                 "independent; queueing correlates them, so the real spread is wider). Raise "
                 "'requests' for tighter numbers.")
+# Incremental refinement: a knob move first shows the cards of the first FIRST_REQUESTS
+# requests (a third of the default run's time), then replaces them with the full run's.
+FIRST_REQUESTS = 100
+FIRST_NOTE = ("First estimate from the first {first} requests only (the run starts with an "
+              "empty queue, so under heavy load it reads low); refining on {n} requests…")
 SWEEP_NOTE = ("Offered load around {rate:.2f} req/s × the factors. × marks the knee; "
               "hollow red-edged markers are unstable runs.")
 
@@ -54,13 +60,14 @@ SCHEDULERS: dict[str, dict[str, Any]] = {
 left, right = st.columns([1, 3])
 with left:
     model_name = st.selectbox(t("step model"), [*STEP_MODELS, ROOFLINE], key="llm-model",
-                              format_func=t)
+                              format_func=translator())
     service: dict[str, Any] | None = roofline_service() if model_name == ROOFLINE \
         else STEP_MODELS[model_name]
     if service is None:
         st.stop()
     sources = ["Azure conversation trace", "token-length distributions"]
-    source = st.radio(t("request source"), sources, format_func=t, key="llm-source")
+    source = st.radio(t("request source"), sources, format_func=translator(),
+                      key="llm-source")
     n_requests = st.slider(t("requests"), 100, 5000, DEFAULT_REQUESTS, step=100,
                            key="llm-requests", help=t(REQUESTS_HELP))
     if source == "Azure conversation trace":
@@ -82,7 +89,8 @@ with left:
         base_rate = float(rate)
     chosen = st.multiselect(t("schedulers (2–4)"), list(SCHEDULERS),
                             default=["vllm, chunked prefill (512)", "static (batch 8)"],
-                            max_selections=4, key="llm-schedulers")
+                            max_selections=4, format_func=translator(),
+                            key="llm-schedulers")
     with st.expander(t("KV cache and limits")):
         blocks = st.number_input("num_gpu_blocks", 16, 1_000_000, 8192, key="llm-blocks")
         max_seqs = st.number_input("max_num_seqs", 1, 1024, 64, key="llm-seqs")
@@ -126,17 +134,10 @@ def card(where: Any, label: str, value: float, samples: np.ndarray, q: float,
     where.caption(fmt_ci(low, high, digits))
 
 
-with right:
-    if len(chosen) < 1:
-        st.info(t("Pick at least one scheduler."))
-        st.stop()
-    first_name = chosen[0]
-    first = run_llm_scenario(scenario(SCHEDULERS[first_name]))
-    if first is None:
-        st.stop()
-    s = first.summary
-    ttft, tpot = ttft_tpot_ms(first)
-    st.markdown(f"**{first_name}**")
+def cards_of(result: Any, note: str) -> None:
+    """The first scheduler's KPI cards (with intervals) and the note on how they were got."""
+    s = result.summary
+    ttft, tpot = ttft_tpot_ms(result)
     cards = st.columns(6)
     card(cards[0], "TTFT P50", s["ttft_ms"]["p50"], ttft, 0.5, 0)
     card(cards[1], "TTFT P99", s["ttft_ms"]["p99"], ttft, 0.99, 0)
@@ -144,7 +145,33 @@ with right:
     card(cards[3], "TPOT P99", s["tpot_ms"]["p99"], tpot, 0.99, 1)
     cards[4].metric(t("output tokens/s"), fmt(s["output_tokens_per_s"], 0))
     cards[5].metric(t("preemptions"), str(s["preemptions"]))
-    st.caption(t(HORIZON_NOTE).format(n=n_requests))
+    st.caption(note)
+
+
+with right:
+    if len(chosen) < 1:
+        st.info(t("Pick at least one scheduler."))
+        st.stop()
+    first_name = chosen[0]
+    st.markdown(f"**{t(first_name)}**")
+    board = st.empty()  # the cards: a first estimate, then the full run in the same place
+    full = scenario(SCHEDULERS[first_name])
+    done = st.session_state.setdefault("llm-done", set())
+    key = json.dumps(full, sort_keys=True)
+    if n_requests > FIRST_REQUESTS and key not in done:
+        quick = scenario(SCHEDULERS[first_name])
+        quick["workload"] = dict(quick["workload"], n_requests=FIRST_REQUESTS)
+        early = run_llm_scenario(quick)
+        if early is not None:
+            with board.container():
+                cards_of(early, t(FIRST_NOTE).format(first=FIRST_REQUESTS, n=n_requests))
+    first = run_llm_scenario(full)
+    if first is None:
+        st.stop()
+    done.add(key)
+    with board.container():
+        cards_of(first, t(HORIZON_NOTE).format(n=n_requests))
+    s = first.summary
     if s["stability"]["verdict"] != "stable":
         st.warning(f"{t('This run is')} {t(s['stability']['verdict'])}: "
                    f"{s['stability']['reason']}", icon="⚠️")

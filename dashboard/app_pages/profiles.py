@@ -22,8 +22,8 @@ from dashboard.i18n import chart, t
 from dashboard.state import parse_upload
 
 st.title(t("Calibration profiles"))
-st.caption("Latency of one batch against batch size, as measured (median with p5–p95 band), "
-           "the throughput it gives, and what each item costs.")
+st.caption(t("Latency of one batch against batch size, as measured (median with p5–p95 "
+             "band), the throughput it gives, and what each item costs."))
 
 names = [f"builtin:{n}" for n in builtin_profiles()]
 chosen = st.multiselect(t("profiles"), names, default=[n for n in names if "cpu" in n][:2],
@@ -47,13 +47,13 @@ for upload in uploads or []:
         st.error(f"{upload.name}: {exc}")
 
 if not profiles:
-    st.info("Pick at least one profile.")
+    st.info(t("Pick at least one profile."))
 else:
     chart(profile_figure(profiles, labels))
     for profile, name in zip(profiles, labels, strict=True):
         meta = profile.meta
         st.markdown(f"**{name}** — {profile.device.get('name', profile.device.get('kind'))}, "
-                    f"{meta.get('dtype')}, {meta.get('threads')} threads, torch "
-                    f"{meta.get('torch_version')}, measured {meta.get('created_at')}"
-                    + (" — **synthetic**" if meta.get("synthetic") else ""))
+                    f"{meta.get('dtype')}, {meta.get('threads')} {t('threads')}, torch "
+                    f"{meta.get('torch_version')}, {t('measured')} {meta.get('created_at')}"
+                    + (f" — **{t('synthetic')}**" if meta.get("synthetic") else ""))
         st.dataframe(profile_summary(profile), hide_index=True)

@@ -139,6 +139,22 @@ def test_verify_reads_an_llm_compare_directory() -> None:
     assert any("prefill ×" in i.value for i in at.info)
 
 
+def test_verify_lists_and_shows_an_endpoint_comparison_beside_the_live_ones() -> None:
+    at = page("verify")  # the examples folder: every comparison in it is listed
+    options = at.selectbox(key="verify-run").options
+    assert len(options) == 3 and any("endpoint: servelab stub server" in o for o in options)
+    stub = next(o for o in options if "endpoint:" in o)
+    at.selectbox(key="verify-run").set_value(
+        str(PAGES.parent / "examples" / "compare-endpoint-stub")).run()
+    assert not at.exception, stub
+    assert any("endpoint: servelab stub server" in c.value for c in at.caption)
+    table = at.dataframe[0].value
+    assert {"ttft_ms.p50", "tpot_ms.p50"} <= set(table["metric"])
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    names = {trace["name"] for trace in spec["data"]}
+    assert {"bench-1 (servelab stub server)", "bench-2 (servelab stub server)", "sim"} <= names
+
+
 def test_explore_autoscaling_holds_fewer_replica_seconds_on_a_day_and_shows_cold_starts(
         ) -> None:
     at = page("explore")
