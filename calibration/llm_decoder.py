@@ -6,6 +6,15 @@ RMSNorm, rotary position embeddings, grouped-query attention through
 per slot (``max_slots × max_len`` tokens per layer), so a step never re-pads or copies the
 cache when a sequence joins or leaves, as a padded Hugging Face cache would.
 
+Prefix caching (the live engine's KV reuse): :meth:`LlamaDecoder.attach_block_store` adds a
+store of KV blocks beside the slots, addressed by the block ids of the KV manager
+(:class:`sim.serving.llm.prefix_cache.PrefixCachingBlockPool`); :meth:`save_blocks` copies a
+slot's computed full blocks into it and :meth:`load_blocks` copies cached blocks into a slot
+before the sequence computes the rest of its prompt there. Each cached token is copied once
+out and once in per reuse, and attention keeps reading one contiguous slot; the alternative,
+slots that read shared blocks in place, would gather every block of the context at every
+step (``benchmarks/prefix_kv_copy.py`` measures both).
+
 One :meth:`LlamaDecoder.step` runs a step's prefill chunks and decodes together as one
 variable-length batch: every token of the step goes through the projections and the MLP in one
 matrix multiply; attention runs per prefill chunk (causal within the chunk, over its cached
@@ -232,6 +241,54 @@ class LlamaDecoder(nn.Module):
         last = torch.tensor([offsets[i + 1] - 1 for i in range(len(entries))], device=device)
         logits: torch.Tensor = self.lm_head(self.norm(x[last]))
         return logits if return_logits else logits.argmax(-1)
+
+    def attach_block_store(self, num_blocks: int, block_size: int) -> None:
+        """Add a store of ``num_blocks`` KV blocks of ``block_size`` tokens (every layer),
+        for prefix caching. Its pages are committed now, as the slots' are: a first write to
+        a fresh page costs 3-5x a later one here, and would land inside a measured step.
+        """
+        cfg = self.cfg
+        shape = (cfg.layers, num_blocks, cfg.kv_heads, block_size, cfg.head_dim)
+        self.block_size = block_size
+        self.k_blocks = torch.zeros(shape, device=self.k_cache.device, dtype=self.k_cache.dtype)
+        self.v_blocks = torch.zeros(shape, device=self.k_cache.device, dtype=self.k_cache.dtype)
+        self.k_blocks.fill_(1.0).zero_()
+        self.v_blocks.fill_(1.0).zero_()
+
+    def _block_pairs(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.k_cache.device
+        index = torch.tensor([b for _, b in pairs], device=device, dtype=torch.long)
+        pos = torch.tensor([j for j, _ in pairs], device=device, dtype=torch.long)
+        return pos, index
+
+    @torch.inference_mode()
+    def save_blocks(self, slot: int, pairs: list[tuple[int, int]]) -> None:
+        """Copy ``slot``'s block ``j`` (tokens ``j*B .. j*B+B-1``) into store block ``b``,
+        for each ``(j, b)`` in ``pairs``.
+        """
+        if not pairs:
+            return
+        pos, index = self._block_pairs(pairs)
+        bs = self.block_size
+        whole = self.cfg.max_len // bs * bs  # a full block always lies within
+        for cache, store in ((self.k_cache, self.k_blocks), (self.v_cache, self.v_blocks)):
+            # [layers, kv_heads, tokens, hd] -> [layers, kv_heads, blocks, B, hd] -> picked
+            part = cache[:, slot, :, :whole]
+            view = part.reshape(part.shape[0], part.shape[1], whole // bs, bs, part.shape[3])
+            store[:, index] = view[:, :, pos].transpose(1, 2)
+
+    @torch.inference_mode()
+    def load_blocks(self, slot: int, block_ids: list[int]) -> None:
+        """Copy store blocks ``block_ids`` into ``slot``'s first ``len(block_ids)`` blocks
+        (a sequence's cached prefix, in order).
+        """
+        if not block_ids:
+            return
+        bs, n = self.block_size, len(block_ids)
+        index = torch.tensor(block_ids, device=self.k_cache.device, dtype=torch.long)
+        for cache, store in ((self.k_cache, self.k_blocks), (self.v_cache, self.v_blocks)):
+            got = store[:, index]  # [layers, n, kv_heads, B, hd]
+            cache[:, slot, :, :n * bs] = got.transpose(1, 2).flatten(2, 3)
 
     def describe(self) -> dict[str, Any]:
         """The shape and parameter count (for profiles)."""

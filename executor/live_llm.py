@@ -33,6 +33,7 @@ from sim.drivers.llm_simulate import (
 )
 from sim.drivers.llm_simulate import run as sim_run
 from sim.metrics.llm import summarize_llm
+from sim.metrics.prefix import cached_tokens, prefix_cache_summary
 from sim.metrics.rundir import run_meta
 from sim.scenario.llm import LlmScenario, load_llm_scenario
 from sim.serving.fleet import READY
@@ -178,11 +179,6 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     import torch
 
     scn = load_llm_scenario(scenario, overrides)
-    if getattr(scn.policy, "enable_prefix_caching", False):
-        raise LiveError("policy.enable_prefix_caching: the live engine does not share KV "
-                        "blocks yet, so a live run would skip prompt tokens it never "
-                        "computed; run it with enable_prefix_caching: false (simulate "
-                        "supports both)")
     spec = {"device": "cpu"} if replay else llm_model_spec(scn)
     core = build_llm_core(scn)
     horizon = horizon_s(scn, core.arrival_s)
@@ -219,6 +215,17 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
 
         def loader(replica: int) -> Any:  # the real cold start: build, then warm up
             return build_decoders(spec, 1, slots, max_len)[0]
+    caching = bool(getattr(scn.policy, "enable_prefix_caching", False))
+    if caching and not replay:  # the KV manager's blocks, one store per engine
+        store = (core.limits.num_blocks, int(scn.policy.block_size))  # type: ignore[union-attr]
+        for d in decoders:
+            d.attach_block_store(*store)
+        base_loader = loader
+
+        def loader(replica: int) -> Any:
+            decoder = base_loader(replica)
+            decoder.attach_block_store(*store)
+            return decoder
     decoders = [decoder_hook(d) for d in decoders] if decoder_hook else list(decoders)
     if core.fleet is not None:
         ready = [r for r, state in enumerate(core.fleet.state) if state == READY]
@@ -246,6 +253,9 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
                             replicas=scn.fleet_size,
                             price_per_replica_hour=scn.price_per_replica_hour,
                             fleet=llm_fleet_tables(core))
+    if caching:
+        requests["cached_tokens"] = cached_tokens(core)
+        summary["prefix_cache"] = prefix_cache_summary(core)
     first = next((d for d in decoders if d is not None), None)
     described = first.describe() if first is not None and hasattr(first, "describe") else {}
     meta = run_meta(scn, driver="live", device={  # type: ignore[arg-type]
@@ -261,7 +271,8 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
                "steps": len(steps), "num_gpu_blocks": core.limits.num_blocks,
                "planned_horizon_s": horizon if math.isfinite(horizon) else None,
                "cold_starts_measured_s": engine.cold_starts_s,
-               "fatal_error": engine.fatal_error})
+               "fatal_error": engine.fatal_error,
+               "kv_copies": engine.kv_copies if caching else None})
     fleet = llm_fleet_tables(core)
     return LlmResult(scn, summary, requests, steps, tokens, queue, meta,
                      *(fleet if fleet is not None else (None, None)))

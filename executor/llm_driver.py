@@ -11,6 +11,16 @@ drivers apply events in the same order. Token times go into the same records and
 code as the simulator's. Outputs are forced to each request's length: the sampled token is
 ignored (greedy), as ``--ignore-eos`` does.
 
+With prefix caching on, the engine follows the scheduler's KV manager
+(:class:`sim.serving.llm.prefix_cache.PrefixCachingBlockPool`, the simulator's): a sequence
+admitted with a cached prefix has that prefix's blocks copied from the decoder's block store
+into its slot before its first step (:meth:`calibration.llm_decoder.LlamaDecoder.load_blocks`),
+and each full prompt block the pool caches is copied from the slot into the store block of the
+same id after the step that computed it (``save_blocks``). The copies run inside the step, so
+their time is in the measured step time (:attr:`LiveLlmEngine.kv_copies` counts them). A block
+cached and hit within one step is copied in before it is copied out (its KV is then stale;
+the tokens are random and outputs forced, so only the time matters).
+
 Sequences join a free slot when first scheduled and leave it when they finish, fail or are
 preempted (a preempted sequence recomputes from position 0 when scheduled again, in whatever
 slot is free then). A step that raises fails only its requests. :meth:`LiveLlmEngine.stop`
@@ -34,6 +44,7 @@ from calibration.llm_decoder import LlamaDecoder, StepEntry
 from executor.lifecycle import HUNG_GRACE_S, check_stop_mode, join_within
 from sim.scenario.step_time import StepModel
 from sim.serving.llm.core import LlmCore
+from sim.serving.llm.prefix_cache import PrefixCachingBlockPool
 from sim.serving.llm.schedulers import StepPlan
 from sim.serving.llm.step_model import Composition
 from sim.serving.llm.steps import LlmActions, StepDone
@@ -119,6 +130,10 @@ class LiveLlmEngine:
         self.drain_timed_out = False
         self.step_errors: list[str] = []
         self.start_perf = 0.0
+        # prefix caching: tokens copied into slots (loaded) and into the store (saved), and
+        # the seconds those copies took, per replica
+        self.kv_copies = [{"loaded_tokens": 0, "saved_tokens": 0, "copy_s": 0.0}
+                          for _ in decoders]
 
     def stop(self, mode: str = "drain") -> None:
         """Stop admitting arrivals; ``drain`` finishes admitted work, ``abandon`` does not.
@@ -142,11 +157,36 @@ class LiveLlmEngine:
         """Seconds since the run started."""
         return time.perf_counter() - self.start_perf
 
-    def _entries(self, replica: int, plan: StepPlan) -> list[StepEntry]:
+    def _pool(self, replica: int) -> PrefixCachingBlockPool | None:
+        kv = getattr(self.core.schedulers[replica], "kv", None)
+        return kv if isinstance(kv, PrefixCachingBlockPool) else None
+
+    def _entries(self, replica: int, plan: StepPlan
+                 ) -> tuple[list[StepEntry], list[tuple[int, list[int]]],
+                            list[tuple[int, list[tuple[int, int]]]]]:
+        """The step's entries, the cached prefixes to load into new slots ``(slot, block
+        ids)`` and the blocks to save after it ``(slot, [(block index, block id)])``.
+        """
         table = self.slots[replica]
         for seq in plan.preempted:
             table.release(seq.id)
-        return [StepEntry(table.slot(seq.id), seq.computed, n) for seq, n in plan.entries]
+        pool = self._pool(replica)
+        entries, loads, saves = [], [], []
+        for seq, n in plan.entries:
+            new = seq.id not in table.of
+            slot = table.slot(seq.id)
+            entries.append(StepEntry(slot, seq.computed, n))
+            if pool is None:
+                continue
+            held, bs = pool.held.get(seq.id, []), pool.block_size
+            if new and seq.computed:  # admitted with a cached prefix (whole blocks)
+                loads.append((slot, held[:seq.computed // bs]))
+            done = min((seq.computed + n) // bs, len(seq.hashes), len(held))
+            pairs = [(j, held[j]) for j in range(seq.computed // bs, done)
+                     if pool.key[held[j]] >= 0]
+            if pairs:
+                saves.append((slot, pairs))
+        return entries, loads, saves
 
     def _execute(self, replica: int, plan: StepPlan,
                  comp: Composition) -> tuple[float, float, str | None]:
@@ -154,12 +194,23 @@ class LiveLlmEngine:
         error = None
         decoder = self.decoders[replica]
         try:
-            entries = self._entries(replica, plan)
+            entries, loads, saves = self._entries(replica, plan)
             if isinstance(decoder, ReplayDecoder):  # a stand-in: the step model's own time
                 decoder.run(comp)
                 return start, self.now_s(), None
+            copies = self.kv_copies[replica]
+            t0 = time.perf_counter()
+            for slot, blocks in loads:
+                decoder.load_blocks(slot, blocks)
+                copies["loaded_tokens"] += len(blocks) * decoder.block_size
+            copies["copy_s"] += time.perf_counter() - t0
             if entries:
                 decoder.step(entries)
+            t0 = time.perf_counter()
+            for slot, pairs in saves:
+                decoder.save_blocks(slot, pairs)
+                copies["saved_tokens"] += len(pairs) * decoder.block_size
+            copies["copy_s"] += time.perf_counter() - t0
             if plan.padding_seqs:  # static batching's finished rows are still computed
                 pads = [StepEntry(self.slots[replica].slot(-1 - k), 0, 1)
                         for k in range(plan.padding_seqs)]

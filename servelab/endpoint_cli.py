@@ -57,6 +57,10 @@ def bench_cmd(
     = None,
     token_ids: Annotated[str, typer.Option(help="Prompt token ids are drawn from LO:HI.")]
     = "10:250",
+    content_seed: Annotated[int | None, typer.Option(
+        help="Hash-block traces: seed of the token ids each block id stands for (default: "
+        "the scenario's seed); a new value makes every block new to the server's prefix "
+        "cache.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no table.")]
     = False,
 ) -> None:
@@ -104,7 +108,8 @@ def bench_cmd(
         result = bench(scenario, endpoint, api=api, model=model, overrides=set_ or None,
                        max_concurrency=max_concurrency, drain_timeout_s=drain_timeout_s,
                        request_timeout_s=request_timeout_s, token_ids=ids,
-                       handle_signals=True, on_done=on_done, on_client=on_client)
+                       content_seed=content_seed, handle_signals=True, on_done=on_done,
+                       on_client=on_client)
     except USER_ERRORS as exc:
         progress.stop()
         fail(str(exc))

@@ -5,7 +5,9 @@ The requests (arrival times, prompt and output lengths) are
 :func:`sim.drivers.llm_simulate.llm_schedule`'s,
 the schedule ``simulate`` and ``live`` use. Prompts are token ids (``/v1/completions``) of
 exactly the scenario's length, drawn at random per request so the server's prefix cache sees
-no accidental sharing; outputs are forced to the scenario's length (``max_tokens``,
+no accidental sharing, except for a hash-block trace (``workload.kind: hash_trace``), whose
+prompts realise the trace's block ids (:mod:`executor.endpoint.hash_prompts`) so the server's
+prefix cache sees the trace's sharing; outputs are forced to the scenario's length (``max_tokens``,
 ``ignore_eos``). The tables and summary are the live engine's
 (:func:`sim.metrics.llm.summarize_llm`), with ``driver = bench``; the server's steps are not
 visible, so ``steps.parquet`` and ``queue.parquet`` are empty, and ITL is re-computed per
@@ -33,13 +35,15 @@ import pandas as pd
 from executor.endpoint import chat_prompts, server_info
 from executor.endpoint.chat_prompts import ChatPrompts
 from executor.endpoint.client import APIS, Job, OpenLoop, Outcome, payload
+from executor.endpoint.hash_prompts import hash_prompts
 from executor.endpoint.server_info import EndpointError
 from sim.drivers.llm_simulate import LlmResult, horizon_s, llm_schedule
 from sim.metrics.llm import summarize_llm
 from sim.metrics.rundir import run_meta
 from sim.metrics.summary import _stats_ms
 from sim.metrics.window import default_drain_s
-from sim.scenario.llm import load_llm_scenario
+from sim.scenario.hash_trace import read_hash_trace
+from sim.scenario.llm import HashTraceCfg, LlmScenario, load_llm_scenario
 
 LAG_FLAG_MS = 5.0
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "prefill_context",
@@ -47,25 +51,39 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "prefill_c
 
 
 def make_jobs(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, api: str,
-              seed: int, token_ids: tuple[int, int], chat: ChatPrompts | None = None
-              ) -> list[Job]:
-    """One job per request: token-id prompts of exactly the scenario's length (chat: a
-    message of ``chat``'s one-token units, as many as the length less the chat template's
-    overhead; without ``chat``, that many random words, whose count the server's tokenizer
-    decides).
+              seed: int, token_ids: tuple[int, int], chat: ChatPrompts | None = None,
+              prompts: list[list[int]] | None = None) -> list[Job]:
+    """One job per request: token-id prompts of exactly the scenario's length, random unless
+    ``prompts`` gives them (a hash-block trace's). Chat: a message of ``chat``'s one-token
+    units, as many as the length less the chat template's overhead; without ``chat``, that
+    many words, whose count the server's tokenizer decides.
     """
     rng = np.random.default_rng([seed, 29])
     lo, hi = token_ids
     jobs = []
     for i, (t, p, o) in enumerate(zip(arrival_s, prompt, output, strict=True)):
+        ids = prompts[i] if prompts is not None else rng.integers(lo, hi, size=int(p)).tolist()
         if api == "openai-completions":
-            text: list[int] | str = rng.integers(lo, hi, size=int(p)).tolist()
+            text: list[int] | str = ids
         elif chat is not None:
             text = chat.text(int(p), rng)
         else:
-            text = " ".join(f"w{v}" for v in rng.integers(lo, hi, size=int(p)).tolist())
+            text = " ".join(f"w{v}" for v in ids)
         jobs.append(Job(i, float(t), text, int(p), int(o)))
     return jobs
+
+
+def trace_prompts(scn: LlmScenario, rows: np.ndarray | None, prompt: np.ndarray,
+                  token_ids: tuple[int, int], content_seed: int | None
+                  ) -> list[list[int]] | None:
+    """A hash-block trace's prompts, realising its block ids (None for other workloads)."""
+    cfg = scn.workload
+    if not isinstance(cfg, HashTraceCfg) or rows is None:
+        return None
+    trace = read_hash_trace(cfg.path, cfg.format, cfg.block_size)
+    seed = scn.seed if content_seed is None else content_seed
+    return hash_prompts([trace.hash_ids[i] for i in rows], prompt, trace.block_size,
+                        token_ids, seed)
 
 
 def preflight(url: str, api: str, model: str) -> None:
@@ -200,7 +218,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
           model: str | None = None, overrides: list[str] | dict[str, Any] | None = None,
           max_concurrency: int | None = None, drain_timeout_s: float | None = None,
           request_timeout_s: float | None = None, token_ids: tuple[int, int] = (10, 250),
-          handle_signals: bool = False, spin_s: float = 0.0,
+          content_seed: int | None = None, handle_signals: bool = False, spin_s: float = 0.0,
           on_done: Callable[[Outcome], None] | None = None,
           on_client: Callable[[OpenLoop], None] | None = None) -> LlmResult:
     """Measure ``endpoint`` on an LLM scenario's schedule.
@@ -216,6 +234,8 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
             Default: live's (the window's length, else 60 s).
         request_timeout_s: Fail a request not complete after this long (cause ``timeout``).
         token_ids: Prompt token ids are drawn from ``[lo, hi)``.
+        content_seed: A hash-block trace's block contents are seeded by this (default: the
+            scenario's seed); a new value makes every block new to the server's cache.
         handle_signals: SIGINT and SIGTERM stop the run; what was measured is kept.
         spin_s: The client's busy wait before each send (:class:`OpenLoop`'s ``spin_s``).
         on_done: Called after each request (the progress bar).
@@ -248,7 +268,8 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
     before = server_info.metrics(base)
     schedule, prompt, output = llm_schedule(scn)
     chat = chat_prompts.measure(url, model) if api == "openai-chat" else None
-    jobs = make_jobs(schedule.arrival_s, prompt, output, api, scn.seed, (lo, hi), chat)
+    jobs = make_jobs(schedule.arrival_s, prompt, output, api, scn.seed, (lo, hi), chat,
+                     trace_prompts(scn, schedule.rows, prompt, (lo, hi), content_seed))
     horizon = horizon_s(scn, schedule.arrival_s)
     client = OpenLoop(url, api, model, jobs, deadline_s=horizon + drain,
                       max_concurrency=max_concurrency, request_timeout_s=request_timeout_s,
@@ -282,6 +303,8 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
                            "prompt_token_ids": [lo, hi], "requests_planned": len(jobs),
                            "chat_template_tokens": chat.overhead_tokens if chat else None,
                            "chat_units": list(chat.units) if chat else None,
+                           "hash_prompts": isinstance(scn.workload, HashTraceCfg),
+                           "content_seed": content_seed,
                            "requests_sent": len(outs),
                            "planned_horizon_s": horizon if math.isfinite(horizon) else None})
     empty_steps = pd.DataFrame({c: np.empty(0) for c in STEP_COLUMNS})

@@ -18,20 +18,26 @@ from sim.serving.llm.step_model import Composition
 
 @dataclass(frozen=True)
 class LinearStepModel:
-    """``base + per_prefill_token × prefill + per_decode_seq × decodes + per_kv_token × kv``
-    (milliseconds; BLIS-style coefficients), deterministic: hand-checkable cases.
+    """``base + per_prefill_token × prefill + per_decode_seq × decodes + per_kv_token × kv
+    + per_prefill_context × prefill_context`` (milliseconds; BLIS-style coefficients; the last
+    term is a prefill chunk's attention to its prefix, Σ chunk tokens × start, which a cache
+    hit makes large), deterministic: hand-checkable cases.
     """
 
     base_ms: float
     per_prefill_token_ms: float = 0.0
     per_decode_seq_ms: float = 0.0
     per_kv_token_ms: float = 0.0
+    per_prefill_context_ms: float = 0.0
 
     def step_s(self, comp: Composition) -> float:
         """Seconds one step of this composition takes."""
-        return (self.base_ms + self.per_prefill_token_ms * comp.prefill_tokens
-                + self.per_decode_seq_ms * comp.decode_seqs
-                + self.per_kv_token_ms * comp.kv_tokens) / 1e3
+        ms = (self.base_ms + self.per_prefill_token_ms * comp.prefill_tokens
+              + self.per_decode_seq_ms * comp.decode_seqs
+              + self.per_kv_token_ms * comp.kv_tokens)
+        if self.per_prefill_context_ms:  # (golden outputs: no term, not even + 0.0)
+            ms += self.per_prefill_context_ms * comp.prefill_context
+        return ms / 1e3
 
 
 class ProfileStepModel:

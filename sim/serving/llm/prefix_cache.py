@@ -18,9 +18,11 @@ A drop-in for :class:`sim.serving.llm.kv.BlockManager` (same ``allocate``/``rele
   evicting the key it held: least recently used first. A hit on a free block takes it out of
   the queue (``touch``); reference counts keep a block shared by running requests in use.
 
-Differences from vLLM: no reserved null block (all ``num_blocks`` are usable, as in the
-plain manager), and the prefix-cache counters are updated when a request is admitted (vLLM
-updates them on every lookup, also when the admission then fails for want of blocks).
+The prefix-cache counters are updated when a request is admitted, as vLLM 0.32 does
+(``Scheduler.schedule`` calls ``record_prefix_cache_stats`` after ``allocate_slots``
+succeeds: "Record at admission so unscheduled lookups are not counted"). Difference from
+vLLM: no reserved null block (all ``num_blocks`` are usable, as in the plain manager; a
+server's ``num_gpu_blocks`` is one more than its usable blocks).
 """
 
 from __future__ import annotations

@@ -1,0 +1,147 @@
+"""Check the simulator's prefix cache against a real vLLM's: replay a hash-block trace with
+prompts that realise its block ids (:mod:`executor.endpoint.hash_prompts`), read the server's
+own ``vllm:prefix_cache_hits_total`` and ``vllm:prefix_cache_queries_total`` before and after,
+and set them beside the simulator's prediction for the server's block size and KV capacity.
+
+Both count as vLLM 0.32 does (``Scheduler.schedule`` calls
+``KVCacheManager.record_prefix_cache_stats`` when a request is admitted, with
+``PrefixCacheStats.record``): a request first admitted queries ``request.num_tokens`` (its
+prompt) and hits its cached prefix in whole blocks, at most ``num_tokens - 1``; a preempted
+request's re-admission goes to separate ``preempted_*`` counters, which the Prometheus counters
+do not include. The simulator's :class:`sim.serving.llm.prefix_cache.PrefixCacheStats` keeps
+the same split, so its ``queries_tokens`` / ``hits_tokens`` are the counters' deltas.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from executor.endpoint import server_info
+from executor.endpoint.bench import bench
+from executor.endpoint.client import Job
+from executor.endpoint.probes import Target, send
+from executor.endpoint.server_info import EndpointError
+from sim.drivers.llm_simulate import LlmResult
+from sim.drivers.llm_simulate import run as sim_run
+from sim.scenario.llm import LlmScenario, load_llm_scenario
+
+HITS = "prefix_cache_hits_total"
+QUERIES = "prefix_cache_queries_total"
+PREFLIGHT_TOKENS = 1
+
+
+def server_cache(base: str) -> dict[str, Any]:
+    """The server's block size, usable KV blocks and prefix-caching switch.
+
+    vLLM's block pool reserves one block (the null block), so the simulator gets
+    ``num_gpu_blocks - 1`` usable blocks.
+
+    Raises:
+        EndpointError: the server exposes no ``cache_config_info``.
+    """
+    page = server_info.metrics(base)
+    config = server_info.scheduling_config(page)
+    if "block_size" not in config or "num_blocks" not in config:
+        raise EndpointError(f"{base}/metrics: no vllm:cache_config_info with block_size and "
+                            "num_gpu_blocks (is it a vLLM server?)")
+    return {"block_size": config["block_size"], "num_blocks": config["num_blocks"] - 1,
+            "enable_prefix_caching": bool(config.get("enable_prefix_caching", False))}
+
+
+def matched_scenario(scenario: Any, cache: dict[str, Any],
+                     overrides: dict[str, Any] | None = None) -> LlmScenario:
+    """``scenario`` with the server's block size, KV blocks and prefix-caching switch."""
+    return load_llm_scenario(scenario, {
+        **(overrides or {}), "policy.block_size": cache["block_size"],
+        "policy.num_gpu_blocks": cache["num_blocks"],
+        "policy.enable_prefix_caching": cache["enable_prefix_caching"]})
+
+
+def counters(base: str) -> tuple[float, float]:
+    """The server's (hits, queries) prefix-cache counters, in tokens.
+
+    Raises:
+        EndpointError: the server's ``/metrics`` has no prefix-cache counters.
+    """
+    page = server_info.metrics(base)
+    values = (page or {}).get("values", {})
+    if HITS not in values or QUERIES not in values:
+        raise EndpointError(f"{base}/metrics: no vllm:{HITS} / vllm:{QUERIES}")
+    return float(values[HITS]), float(values[QUERIES])
+
+
+def replay(scn: LlmScenario, base: str, content_seed: int) -> tuple[LlmResult, dict[str, Any]]:
+    """One bench run of ``scn`` against ``base``; the server's counter deltas beside it."""
+    h0, q0 = counters(base)
+    result = bench(scn, base, content_seed=content_seed)
+    h1, q1 = counters(base)
+    # bench's preflight (executor.endpoint.bench.preflight) is a 1-token prompt: it
+    # queries 1 token and can hit none (the last token is always computed)
+    hits, queries = h1 - h0, q1 - q0
+    if queries > 0:  # caching off: no lookup, nothing counted, the preflight neither
+        queries -= PREFLIGHT_TOKENS
+    return result, {"hits_tokens": hits, "queries_tokens": queries,
+                    "hit_rate": hits / queries if queries else math.nan}
+
+
+def predicted(scn: LlmScenario) -> tuple[LlmResult, dict[str, Any]]:
+    """The simulator's run of ``scn`` and its prefix-cache counters (zeros when off)."""
+    result = sim_run(scn)
+    prefix = result.summary.get("prefix_cache") or {}
+    q = int(prefix.get("queries_tokens", 0))
+    h = int(prefix.get("hits_tokens", 0))
+    return result, {"hits_tokens": h, "queries_tokens": q,
+                    "hit_rate": h / q if q else math.nan}
+
+
+def prefix_context_probe(base: str, model: str, *, cached: int = 1024, new: int = 256,
+                         reps: int = 3, seed: int = 0) -> dict[str, Any]:
+    """What a cached prefix adds to a prefill: TTFT of ``new`` tokens after a cached prefix
+    of ``cached`` tokens against TTFT of ``new`` fresh tokens, one request at a time; the
+    difference per (chunk token × start), as the step models' ``prefill_context`` term
+    (:class:`sim.serving.llm.step_model.Composition`). The calibration's prefill probes start
+    at position 0, so they never see this attention to a prefix.
+
+    Raises:
+        EndpointError: a probe request failed.
+    """
+    target = Target(base + "/v1/completions", model, np.random.default_rng([seed, 3232]))
+    jobs = [Job(0, 0.0, target.prompt(new), new, 1)]  # opens the connection, untimed
+    for _ in range(reps):
+        prefix = target.prompt(cached)
+        jobs += [Job(len(jobs), 0.0, target.prompt(new), new, 1),  # fresh
+                 Job(len(jobs) + 1, 0.0, prefix, cached, 1),  # caches the prefix
+                 Job(len(jobs) + 2, 0.0, prefix + target.prompt(new), cached + new, 1)]
+    outs = sorted(send(target, jobs, one_at_a_time=True), key=lambda o: o.index)
+    ttft = [o.chunk_s[0] - o.sent_s for o in outs]
+    fresh = [ttft[1 + 3 * k] for k in range(reps)]
+    hit = [ttft[3 + 3 * k] for k in range(reps)]
+    extra_s = float(np.median(np.subtract(hit, fresh)))
+    return {"cached_tokens": cached, "new_tokens": new, "fresh_ttft_s": fresh,
+            "hit_ttft_s": hit,
+            "per_prefill_context_ms": max(extra_s, 0.0) * 1e3 / (cached * new)}
+
+
+def linear_service(profile_path: str | Path, per_prefill_context_ms: float) -> dict[str, Any]:
+    """An ``llm_linear`` service from a ``calibrate --endpoint`` profile's own linear fit
+    (``meta.endpoint_fit``: decode base, per decode sequence, per KV token, per prefill
+    token) and its overheads, plus a measured ``per_prefill_context_ms``. Its terms hold at
+    any context, where the profile's grid ends at the probes' (544-token) context.
+    """
+    meta = json.loads(Path(profile_path).read_text())["meta"]
+    fit = meta["endpoint_fit"]
+    return {"kind": "llm_linear", "base_ms": max(fit["decode_base_ms"], 0.0),
+            "per_prefill_token_ms": max(fit["ms_per_prefill_token"], 0.0),
+            "per_decode_seq_ms": max(fit["ms_per_decode_seq"], 0.0),
+            "per_kv_token_ms": max(fit["ms_per_kv_token"], 0.0),
+            "per_prefill_context_ms": per_prefill_context_ms,
+            "overheads": meta.get("overheads")}
+
+
+__all__ = ["counters", "linear_service", "matched_scenario", "predicted",
+           "prefix_context_probe", "replay", "server_cache"]
