@@ -224,7 +224,7 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
         sizes: Batch sizes (items) to probe; each must be measured in the profile.
         budget_s: Target total time; sets the repetitions per size (within the bounds) and
             which sizes run: when ``min_reps`` of every size would not fit, the sizes that
-            do not fit are left out (:func:`sizes_within_budget`; the largest always runs),
+            do not fit are left out (:func:`sizes_within_budget`; the smallest always runs),
             and where even that is too long, fewer batches run (at least 3). With cold
             samples in the profile, a third of it goes to cold batches.
         min_reps: Fewest timed batches per size.
@@ -293,13 +293,14 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
 
 def sizes_within_budget(sizes: Sequence[int], cost_s: Callable[[int], float],
                         budget_s: float) -> list[int]:
-    """The sizes to probe so that their estimated cost fits ``budget_s``: the largest
-    always, then the smallest (the range the scenario dispatches) and the middle ones in
-    bisection order while they fit. The sizes left out take the scale interpolated between
-    their probed neighbours.
+    """The sizes to probe so that their estimated cost fits ``budget_s``: the smallest
+    always (the cheapest, and the size a light load dispatches most: each size now gets its
+    own scale, so a size left out is a guess), then the largest (the range the scenario
+    dispatches) and the middle ones in bisection order while they fit. The sizes left out
+    take the scale interpolated between their probed neighbours (the nearest one's beyond).
     """
     ordered = sorted(sizes)
-    priority = [ordered[-1], ordered[0]]
+    priority = [ordered[0], ordered[-1]]
     spans = [(0, len(ordered) - 1)]
     while spans:
         lo, hi = spans.pop(0)

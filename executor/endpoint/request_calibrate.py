@@ -178,6 +178,19 @@ def calibrate_endpoint(endpoint: str, *, api: str, sizes: Sequence[int], reps: i
                 else "") + ("  [send spread >= the window]" if narrow else "")
         say(f"  N={n:>3}: median {med * 1e3:7.2f} ms, send spread {send_ms:.2f} ms{flag}")
     single_ms = float(np.median(samples[order[0]])) * 1e3 if order[0] == 1 else math.nan
+    overhead: dict[str, Any] = {"request_ms": 0.0, "method": "none: give "
+                                "--server-max-batch-size to separate it"}
+    if server_max_batch is not None and server_max_batch in samples:
+        overhead = request_overhead(url, api, payload, server_max_batch, reps,
+                                    float(np.median(samples[server_max_batch])), seed + 2,
+                                    timeout_s)
+        floor_s = min(float(np.median(v)) for v in samples.values())
+        over_s = min(overhead["request_ms"] / 1e3, 0.9 * floor_s)
+        overhead["request_ms"] = over_s * 1e3
+        samples = {n: [max(x - over_s, 1e-6) for x in v] for n, v in samples.items()}
+        say(f"  request overhead outside the replica: {over_s * 1e3:.2f} ms (paired bursts "
+            f"of {server_max_batch}: the second's batch waits for the first's; "
+            f"{overhead['queued_pairs']}/{overhead['pairs']} pairs queued)")
     return LatencyProfile(
         samples_s={n: np.asarray(v) for n, v in samples.items()},
         model={"name": f"endpoint:{name or payload.path}", "api": api},
@@ -186,6 +199,63 @@ def calibrate_endpoint(endpoint: str, *, api: str, sizes: Sequence[int], reps: i
                            "server_max_batch_size": server_max_batch, "reps": reps,
                            "gap_ms": gap * 1e3, "bursts": checks,
                            "single_request_ms": single_ms, "server_metadata": metadata,
-                           "includes": "the per-request path outside the model (HTTP, proxy, "
-                                       "routing)"},
+                           "request_overhead": overhead,
+                           "includes": "the replica's busy time only; the per-request path "
+                                       "outside it (HTTP, proxy, routing) is "
+                                       "request_overhead.request_ms" if overhead["request_ms"]
+                           else "the per-request path outside the model (HTTP, proxy, "
+                                "routing)"},
               "threads": None, "seed": seed, "versions": versions()})
+
+
+def request_overhead(url: str, api: str, payload: PayloadCfg, size: int, pairs: int,
+                     latency_s: float, seed: int, timeout_s: float) -> dict[str, Any]:
+    """The per-request time outside the replica's busy time, from ``pairs`` pairs of full
+    bursts (``size`` = the server's largest batch, so neither waits for a window): the
+    second burst is sent a quarter of a burst's latency after the first, reaches the
+    replica while the first batch runs, and waits for it (Ray Serve's batcher closes the
+    next batch while one runs and starts it when the running one ends:
+    ``ray/serve/batching.py``, ``_process_batches`` and its semaphore). The gap between the
+    two bursts' finishes is then one batch's busy time, and the first burst's mean latency
+    less that gap is what the path outside the replica added (HTTP, proxy, router, the hop
+    back). A pair whose second burst did not wait (its latency not above the first's by a
+    tenth of the gap) is left out.
+
+    The first burst's requests reach the replica one after another through the proxy; the
+    batch starts when the last is in, so the estimate includes that fill time (a request
+    sent alone does not wait for it): it is an upper bound of a lone request's overhead.
+    """
+    offset_s = 0.25 * latency_s
+    period_s = 3.0 * latency_s + 0.05
+    plan = [(0.05 + k * period_s + d, size) for k in range(pairs) for d in (0.0, offset_s)]
+    groups = _bursts(url, api, payload, plan, seed, timeout_s)
+    estimates, gaps = [], []
+    for first, second in zip(groups[0::2], groups[1::2], strict=True):
+        finish_a = float(np.median([o.chunk_s[-1] for o in first]))
+        finish_b = float(np.median([o.chunk_s[-1] for o in second]))
+        gap_s = finish_b - finish_a
+        lat_a = _burst_stats(first)[0]
+        lat_b = _burst_stats(second)[0]
+        if gap_s > 0 and lat_b > lat_a + 0.1 * gap_s:
+            estimates.append(lat_a - gap_s)
+            gaps.append(gap_s)
+    if not estimates:
+        raise EndpointError(f"request overhead: in none of {pairs} pairs of bursts of {size} "
+                            "did the second wait for the first; is --server-max-batch-size "
+                            "the server's largest batch?")
+    return {"request_ms": max(float(np.median(estimates)), 0.0) * 1e3,
+            "busy_ms_at_max": float(np.median(gaps)) * 1e3, "pairs": pairs,
+            "queued_pairs": len(estimates), "offset_ms": offset_s * 1e3,
+            "method": f"paired bursts of {size}: first burst's latency minus the gap "
+                      "between the two bursts' finishes"}
+
+
+def profile_service(profile: LatencyProfile, path: str) -> dict[str, Any]:
+    """The scenario's ``service`` for a profile this module measured (saved at ``path``):
+    the profile, with the request overhead it separated as ``service.overheads``.
+    """
+    over = ((profile.meta.get("endpoint") or {}).get("request_overhead") or {})
+    service: dict[str, Any] = {"kind": "profile", "path": path}
+    if over.get("request_ms"):
+        service["overheads"] = {"request_ms": float(over["request_ms"])}
+    return service
