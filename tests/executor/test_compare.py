@@ -390,7 +390,7 @@ def test_probe_keeps_to_its_budget_by_leaving_out_middle_sizes() -> None:
     assert sizes_within_budget(sizes, lambda b: 13 * 0.005 * b, 0.1) == [1]
     budget_s = 1.5
     result = probe(SleepRunner(lambda n: 0.005 * n), prof, sizes, budget_s=budget_s)
-    assert {1, 8} <= set(result.reps) and len(result.reps) < len(sizes)
+    assert 1 in result.reps and len(result.reps) < len(sizes)  # the smallest always
     assert result.scale == pytest.approx(1.0, rel=0.05)
     # the driver's start-up per size counts too (measured on the first size and planned
     # for); every size at its minimum would need 2.3 s of batches alone
