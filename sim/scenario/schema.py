@@ -228,7 +228,7 @@ class DynamicPolicyCfg(_PolicyBase):
     kind: Literal["dynamic"]
     max_batch_size: int = Field(8, ge=1, le=MAX_COUNT)
     max_wait_ms: float = Field(2.0, ge=0)
-    timer: Literal["request", "first"] = "request"
+    timer: Literal["request", "first", "arrival"] = "request"
     preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_COUNT)]] = []
 
     @model_validator(mode="after")
