@@ -9,8 +9,12 @@ dispatch, run by the live driver itself (a short run at saturation on the same r
 driver and worker threads, bookkeeping and policy calls). Each batch yields two times:
 
 - the model time (inside ``run_batch``, what calibration measures): the ratio of its medians
-  to the profile's, pooled over sizes into one **speed scale** (a machine that runs slower
-  runs every batch size slower; pooling halves the probe's own noise);
+  to the profile's, a **speed scale per batch size** (pooled over the probes before and
+  after a run; sizes between the probed ones interpolated in log size). A device need not
+  drift evenly: on ``builtin:dyn-demo`` one probe found batch 1 at ×1.40 of the profile and
+  batches 4–8 at ×0.8, which one scale pooled over sizes (×0.99) turned into a prediction
+  25–44% low. The pooled scale is still reported (``scale``) and is what drift is measured
+  on;
 - the **dispatch overhead**: from one batch's dispatch to the next one's, minus the model
   time — thread wake-ups on both sides, payload preparation, the driver's bookkeeping and
   policy call. The replica cannot start its next batch before then, so it is part of the
@@ -119,19 +123,21 @@ class Probe:
 
         Args:
             profile: The stored profile.
-            mode: ``full``: pooled speed scale and dispatch overhead; ``overhead``: only the
+            mode: ``full``: a speed scale per probed batch size (:func:`pooled_scales`,
+                interpolated between them) and the dispatch overhead; ``overhead``: only the
                 overhead (the device's speed is known to match the profile, e.g. a replay).
             others: More probes to pool with this one.
         """
         if mode not in PROBE_MODES[1:]:
             raise UserError(f"probe mode {mode!r}: allowed: {', '.join(PROBE_MODES[1:])}")
         probes = [self, *others]
-        scale = pooled_scale(probes) if mode == "full" else 1.0
+        scales = pooled_scales(probes) if mode == "full" else {profile.batch_sizes[0]: 1.0}
         cold = pooled_cold_scale(probes) if mode == "full" else None
         overhead_s = float(np.mean([p.overhead_s for p in probes]))
-        return profile.rescaled({profile.batch_sizes[0]: scale}, add_s=overhead_s,
-                                cold_ratio=cold,
-                                note={"by": "probe", "mode": mode, "scale": scale,
+        return profile.rescaled(scales, add_s=overhead_s, cold_ratio=cold,
+                                note={"by": "probe", "mode": mode,
+                                      "scale": pooled_scale(probes) if mode == "full" else 1.0,
+                                      "scale_by_size": {str(b): r for b, r in scales.items()},
                                       "overhead_ms": overhead_s * 1e3})
 
 
@@ -223,7 +229,7 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
             call and a live run's start-up cost; from them the probe plans the repetitions
             per size (within the bounds) and which sizes run: when ``min_reps`` of every
             size would not fit, the sizes that do not fit are left out
-            (:func:`sizes_within_budget`; the largest always runs), and where even that is
+            (:func:`sizes_within_budget`; the smallest always runs), and where even that is
             too long, fewer batches run (at least 3). Each run corrects the estimate for
             the next; a size that no longer fits is skipped once one size is measured. With
             cold samples in the profile, what is left of the last third goes to cold
@@ -340,12 +346,14 @@ class _Plan:
 
 def sizes_within_budget(sizes: Sequence[int], cost_s: Callable[[int], float],
                         budget_s: float) -> list[int]:
-    """The sizes to probe so that their estimated cost fits ``budget_s``: the largest
-    always, then the smallest (the range the scenario dispatches) and the middle ones in
-    bisection order while they fit. One pooled speed scale needs no more than that.
+    """The sizes to probe so that their estimated cost fits ``budget_s``: the smallest
+    always (the cheapest, and the size a light load dispatches most: each size now gets its
+    own scale, so a size left out is a guess), then the largest (the range the scenario
+    dispatches) and the middle ones in bisection order while they fit. The sizes left out
+    take the scale interpolated between their probed neighbours (the nearest one's beyond).
     """
     ordered = sorted(sizes)
-    priority = [ordered[-1], ordered[0]]
+    priority = [ordered[0], ordered[-1]]
     spans = [(0, len(ordered) - 1)]
     while spans:
         lo, hi = spans.pop(0)
@@ -371,6 +379,22 @@ def pooled_scale(probes: Sequence[Probe]) -> float:
     pairs = [pair for p in probes for pair in p.log_ratios]
     total = sum(n for _, n in pairs)
     return math.exp(sum(lr * n for lr, n in pairs) / total)
+
+
+def pooled_scales(probes: Sequence[Probe]) -> dict[int, float]:
+    """A speed ratio per probed batch size from probes (e.g. the two around a run): at each
+    size, the geometric mean of the probes' ratios weighted by the batches timed. A device
+    need not slow down evenly: a batch of one may run 40% slower than profiled while batches
+    of 4-8 run 20% faster (the thread hand-off and per-call costs weigh most on small
+    batches), which one pooled ratio would average away. Sizes between the probed ones take
+    the ratio interpolated in log batch size (:meth:`LatencyProfile.rescaled`).
+    """
+    logs: dict[int, list[tuple[float, int]]] = {}
+    for p in probes:
+        for size, ratio in p.ratio_by_size.items():
+            logs.setdefault(size, []).append((math.log(ratio), p.reps[size]))
+    return {size: math.exp(sum(lr * n for lr, n in pairs) / sum(n for _, n in pairs))
+            for size, pairs in sorted(logs.items())}
 
 
 def pooled_cold_scale(probes: Sequence[Probe]) -> float | None:

@@ -158,11 +158,15 @@ def compare_cmd(
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
     endpoint: Annotated[str | None, typer.Option(
-        help="Measure this OpenAI-compatible server with bench instead of running live.")]
+        help="Measure this server with bench instead of running live (an OpenAI-compatible "
+        "one for LLM scenarios; KServe v2 or plain JSON for request-level ones, see --api).")]
     = None,
     profile: Annotated[Path | None, typer.Option(
-        help="With --endpoint: the step profile calibrate --endpoint wrote (its overheads "
+        help="With --endpoint: the profile calibrate --endpoint wrote (its overheads "
         "and server knobs are applied).")] = None,
+    api: Annotated[str, typer.Option(
+        help="With --endpoint and a request-level scenario: kserve-v2 or http-json.")]
+    = "kserve-v2",
 ) -> None:
     """Simulate SCENARIO, run it live REPEATS times, and compare (table, JSON, HTML)."""
     from executor.compare import compare, sweep
@@ -179,10 +183,11 @@ def compare_cmd(
         from servelab.endpoint_cli import compare_endpoint_cmd
 
         if not _is_llm(scenario):
-            fail("--endpoint: compare against a server takes LLM scenarios so far; for a "
-                 "request-level server run servelab bench and servelab simulate on the "
-                 "calibrated profile (see README, Measure a real server)")
+            from servelab.request_endpoint_cli import compare_requests_cmd
 
+            compare_requests_cmd(scenario, endpoint, api, profile, out, repeats, set_, probe,
+                                 drain_timeout_s, rhos, model, _compare_table)
+            return
         compare_endpoint_cmd(scenario, endpoint, profile, out, repeats, set_, probe,
                              drain_timeout_s, rhos, _compare_table)
         return

@@ -169,3 +169,31 @@ def request_server_run(name: str, port: int, args: list[str]) -> None:
     finally:
         server.stop()
     cli.console.print("server stopped")
+
+
+def compare_requests_cmd(scenario: str, endpoint: str, api: str, profile: Path | None,
+                         out: Path, repeats: int, set_: list[str] | None, probe: str,
+                         drain_timeout_s: float | None, rhos: list[float],
+                         model: str | None, table: Any) -> None:
+    """``servelab compare SCENARIO --endpoint URL --api kserve-v2|http-json``."""
+    from executor.endpoint.compare_requests import compare_request_endpoint
+
+    cli = _cli()
+    fail, USER_ERRORS, console = cli.fail, cli.USER_ERRORS, cli.console  # noqa: N806
+    if rhos:
+        fail("--sweep with --endpoint: not supported yet; run compare once per load "
+             "(--set workload.rate_rps=...)")
+    try:
+        data = compare_request_endpoint(scenario, endpoint, out, api=api, profile=profile,
+                                        repeats=repeats, overrides=set_ or None, model=model,
+                                        probe_mode=probe, drain_timeout_s=drain_timeout_s,
+                                        progress=lambda m: console.print(f"[dim]{m}[/]"))
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    console.print(table(data))
+    for p in data["probes"]:
+        sizes = ", ".join(f"{n}: ×{r:.3f}" for n, r in p["ratio_by_size"].items())
+        console.print(f"probe: by batch size {sizes} against the profile (drift "
+                      f"{p['drift']:+.1%})")
+    console.print(f"comparison: {out / 'compare.json'}\nreport: {out / 'report.html'}")

@@ -120,7 +120,10 @@ class RayServeApp:
                "SERVELAB_RAY_APP": json.dumps({**self.config, "port": self.port,
                                                "num_cpus": self.num_cpus,
                                                "temp_dir": str(self.tmp)}),
-               "OMP_NUM_THREADS": "1", **self.environ}
+               "OMP_NUM_THREADS": "1",
+               # Ray kills a proxy not ready within 5 s (proxy_state.py); on a loaded 2-core
+               # machine start-up takes longer, and serve.start fails with ActorDiedError
+               "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", **self.environ}
         for name in ("PYTHONPATH", "RAY_ADDRESS"):  # servelab's path must not shadow Ray's
             out.pop(name, None)
         return out

@@ -219,6 +219,29 @@ def _measure(url: str, api: str, payload: PayloadCfg, order: list[int], reps: in
                 else "") + ("  [send spread >= the window]" if narrow else "")
         say(f"  N={n:>3}: median {med * 1e3:7.2f} ms, send spread {send_ms:.2f} ms{flag}")
     single_ms = float(np.median(samples[order[0]])) * 1e3 if order[0] == 1 else math.nan
+    overhead: dict[str, Any] = {"request_ms": 0.0, "method": "none: give "
+                                "--server-max-batch-size to separate it"}
+    if server_max_batch is not None and partial is None:
+        medians = {n: float(np.median(v)) for n, v in samples.items()}
+        try:
+            overhead = request_overhead(url, api, payload, medians, server_max_batch,
+                                        window_s, reps, seed + 2, timeout_s, stopper)
+        except ProbingStopped as stop:  # the timed bursts are kept, uncorrected
+            partial = {"stopped_by": stop.signame, "stage": "request overhead",
+                       "bursts_done": len(groups), "bursts_planned": len(sequence)}
+            say(f"stopped by {stop.signame} while separating the request overhead: the "
+                "profile keeps the bursts' latencies uncorrected")
+    if "sizes" in overhead:  # measured (not skipped, not stopped)
+        for n in order:  # each size's samples shifted to its measured busy time
+            busy = overhead["sizes"].get(str(n))
+            shift_s = (medians[n] - busy["busy_ms"] / 1e3 if busy else
+                       overhead["request_ms"] / 1e3)
+            shift_s = min(max(shift_s, 0.0), 0.9 * medians[n])
+            samples[n] = [max(x - shift_s, 1e-6) for x in samples[n]]
+        say(f"  request overhead outside the replica: {overhead['request_ms']:.2f} ms "
+            f"(paired bursts of {overhead['from_size']}); busy ms by size: " + ", ".join(
+                f"{n}: {v['busy_ms']:.1f} ({v['queued_pairs']}/{reps} pairs queued)"
+                for n, v in overhead["sizes"].items()))
     return LatencyProfile(
         samples_s={n: np.asarray(v) for n, v in samples.items()},
         model={"name": f"endpoint:{name or payload.path}", "api": api},
@@ -228,6 +251,88 @@ def _measure(url: str, api: str, payload: PayloadCfg, order: list[int], reps: in
                            "gap_ms": gap * 1e3, "bursts": checks,
                            "single_request_ms": single_ms, "server_metadata": metadata,
                            "partial": partial,
-                           "includes": "the per-request path outside the model (HTTP, proxy, "
-                                       "routing)"},
+                           "request_overhead": overhead,
+                           "includes": "the replica's busy time only; the per-request path "
+                                       "outside it (HTTP, proxy, routing) is "
+                                       "request_overhead.request_ms" if overhead["request_ms"]
+                           else "the per-request path outside the model (HTTP, proxy, "
+                                "routing)"},
               "threads": None, "seed": seed, "versions": versions()})
+
+
+def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[int, float],
+                     server_max: int, window_s: float, pairs: int, seed: int,
+                     timeout_s: float, stopper: Stopper) -> dict[str, Any]:
+        stopper: A stop signal ends the measurement (:class:`ProbingStopped`).
+    """The replica's busy time per burst size and the per-request time outside it, from
+    ``pairs`` pairs of bursts of each size: the second burst of a pair is sent a quarter of
+    a burst's latency after the first batch was dispatched (after the window, for a burst
+    below the server's largest batch), reaches the replica while the first batch runs, and
+    waits for it (Ray Serve's batcher closes the next batch while one runs and starts it
+    when the running one ends: ``ray/serve/batching.py``, ``_process_batches`` and its
+    semaphore). The gap between the two bursts' finishes is then one batch's busy time,
+    and the first burst's mean latency less that gap and the window is what the path
+    outside the replica added (HTTP, proxy, router, the hop back). A pair whose second
+    burst did not wait (its latency not above the first's by a tenth of the gap) is left
+    out: with a window as long as the batch, or an overhead much longer than it, no pair
+    queues and the size keeps its uncorrected samples.
+
+    Args:
+        url: The inference URL.
+        api: ``kserve-v2`` or ``http-json``.
+        payload: What each request sends.
+        medians_s: The calibrated median latency per size (window already subtracted).
+        server_max: The server's largest batch (a full burst does not wait the window).
+        window_s: The server's batching window.
+        pairs: Pairs of bursts per size.
+        seed: Seeds the payloads.
+        timeout_s: A request not answered after this long fails the calibration.
+
+    Raises:
+        EndpointError: a request failed, or no pair queued at any size.
+    """
+    plan: list[tuple[float, int]] = []
+    t = 0.05
+    for size, median_s in sorted(medians_s.items()):
+        wait_s = window_s if size < server_max else 0.0
+        offset_s = wait_s + 0.25 * median_s
+        for _ in range(pairs):
+            plan += [(t, size), (t + offset_s, size)]
+            t += 3.0 * (wait_s + median_s) + 0.05
+    groups = _bursts(url, api, payload, plan, seed, timeout_s, stopper)
+    by_size: dict[int, dict[str, list[float]]] = {}
+    for k in range(0, len(plan), 2):
+        size = plan[k][1]
+        first, second = groups[k], groups[k + 1]
+        gap_s = (float(np.median([o.chunk_s[-1] for o in second]))
+                 - float(np.median([o.chunk_s[-1] for o in first])))
+        lat_a, lat_b = _burst_stats(first)[0], _burst_stats(second)[0]
+        row = by_size.setdefault(size, {"busy": [], "outside": []})
+        if gap_s > 0 and lat_b > lat_a + 0.1 * gap_s:
+            wait_s = window_s if size < server_max else 0.0
+            row["busy"].append(gap_s)
+            row["outside"].append(lat_a - gap_s - wait_s)
+    sizes = {str(n): {"busy_ms": float(np.median(v["busy"])) * 1e3,
+                      "outside_ms": float(np.median(v["outside"])) * 1e3,
+                      "queued_pairs": len(v["busy"])}
+             for n, v in sorted(by_size.items()) if v["busy"]}
+    if not sizes:
+        raise EndpointError("request overhead: in no pair of bursts did the second wait for "
+                            "the first; are --window-ms and --server-max-batch-size the "
+                            "server's?")
+    smallest = min(sizes, key=int)
+    return {"request_ms": max(sizes[smallest]["outside_ms"], 0.0), "from_size": int(smallest),
+            "sizes": sizes, "pairs": pairs,
+            "method": "paired bursts at each size: the first burst's latency minus the gap "
+                      "between the two bursts' finishes (the busy time) and the window"}
+
+
+def profile_service(profile: LatencyProfile, path: str) -> dict[str, Any]:
+    """The scenario's ``service`` for a profile this module measured (saved at ``path``):
+    the profile, with the request overhead it separated as ``service.overheads``.
+    """
+    over = ((profile.meta.get("endpoint") or {}).get("request_overhead") or {})
+    service: dict[str, Any] = {"kind": "profile", "path": path}
+    if over.get("request_ms"):
+        service["overheads"] = {"request_ms": float(over["request_ms"])}
+    return service

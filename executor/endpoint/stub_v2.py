@@ -8,10 +8,11 @@ batchers apart; not ``#``, which ends a URL's path):
 
 * ``instant``: answer at once;
 * ``sleep:MS``: answer after MS milliseconds;
-* ``batch:MAX:WINDOW_MS:BASE_MS:PER_ITEM_MS``: a size-or-timeout batcher whose timer starts
-  at the first request (Ray Serve's ``@serve.batch``), one batch at a time, each taking
-  ``BASE_MS + PER_ITEM_MS * requests`` of sleep: a server whose behaviour servelab's
-  simulator models exactly;
+* ``batch:MAX:WINDOW_MS:BASE_MS:PER_ITEM_MS[:OUTSIDE_MS]``: a size-or-timeout batcher whose
+  timer starts at the first request (Ray Serve's ``@serve.batch``), one batch at a time, each
+  taking ``BASE_MS + PER_ITEM_MS * requests`` of sleep: a server whose behaviour servelab's
+  simulator models exactly; ``OUTSIDE_MS`` (default 0) is slept before a request joins the
+  batcher, a fixed path outside the replica's busy time (a proxy's hop);
 * ``errors``: answers 200, 500, 429, 503, 200, … in turn;
 * ``cut``: closes the connection without an answer;
 * ``malformed``: 200 with a body that is not JSON;
@@ -113,6 +114,8 @@ class StubV2:
             await asyncio.sleep(float(args[0]) / (1e3 if mode == "sleep" else 1.0)
                                 if args else 60.0)
         if mode == "batch":
+            if len(args) > 4:
+                await asyncio.sleep(float(args[4]) / 1e3)
             batcher = self.batchers.get(model)
             if batcher is None:
                 given = [*args, *("8", "5", "5", "1")[len(args):]][:4]

@@ -44,11 +44,19 @@ def summary_fallback(scenario: Scenario) -> str | None:
     """
     if scenario.autoscaling is not None:
         return "autoscaled runs keep full records (their cold-start metrics read them)"
+    if request_overhead_s(scenario):
+        return "runs with service.overheads keep full records (the overhead is added to them)"
     if scenario.workload.kind == "closed" and getattr(scenario.workload, "duration_s",
                                                       None) is None:
         return ("a closed loop bounded only by n_requests keeps full records (its window "
                 "ends at the last send, unknown until then)")
     return None
+
+
+def request_overhead_s(scenario: Scenario) -> float:
+    """The per-request overhead outside the queue (``service.overheads.request_ms``), in s."""
+    cfg = getattr(scenario.service, "overheads", None)
+    return cfg.request_ms / 1e3 if cfg is not None else 0.0
 
 
 def run(scenario: Scenario | dict[str, Any] | str | Path,
@@ -131,6 +139,9 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         queue = QueueSeries().to_frame()
     else:
         requests = core.table.to_frame(admitted)
+        overhead_s = request_overhead_s(scn)
+        if overhead_s:  # the client sees each answer this much later; the queue does not
+            requests["finish_s"] = requests["finish_s"] + overhead_s
         batches = core.batches.to_frame()
         queue = core.queue_series.to_frame()
         window = window_for(scn, requests, model, end_s=stop_s)

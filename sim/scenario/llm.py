@@ -38,6 +38,7 @@ from sim.scenario.schema import (
     ConstantWorkloadCfg,
     GammaWorkloadCfg,
     MmppWorkloadCfg,
+    OverheadsCfg,
     PoissonWorkloadCfg,
     ScenarioError,
     SinusoidWorkloadCfg,
@@ -174,7 +175,7 @@ LlmWorkloadCfg = Annotated[
 
 
 # -- service -----------------------------------------------------------------------------------
-class LlmOverheadsCfg(_Strict):
+class LlmOverheadsCfg(OverheadsCfg):
     """Per-request costs outside the engine's steps (BLIS's α terms), measured from outside
     by ``servelab calibrate --endpoint``: a request joins the scheduler ``request_ms`` after
     it arrives (API, tokenisation), and each output token after the first reaches the client
@@ -182,7 +183,6 @@ class LlmOverheadsCfg(_Strict):
     streaming).
     """
 
-    request_ms: float = Field(0.0, ge=0)
     per_output_token_ms: float = Field(0.0, ge=0)
 
 

@@ -42,13 +42,30 @@ class _Strict(BaseModel):
 
 
 # -- service -----------------------------------------------------------------------------------
+class OverheadsCfg(_Strict):
+    """A per-request cost outside the server's queue and its replicas' busy time (BLIS's α
+    term): the HTTP proxy, routing and the hops between them, measured from outside by
+    ``servelab calibrate --endpoint``. Every request's latency grows by ``request_ms``; the
+    queue and the batches do not see it (a fixed delay on the way in or out of an open-loop
+    server leaves its queue as it was). The request table puts each answer ``request_ms``
+    after its batch ended (so a request's ``service_ms`` includes it; the batch table's
+    times and the utilisation do not). The LLM services add a per-output-token term and put
+    the request overhead before the scheduler instead.
+    """
+
+    request_ms: float = Field(0.0, ge=0)
+
+
 class ProfileServiceCfg(_Strict):
-    """Bootstrap from a measured latency profile."""
+    """Bootstrap from a measured latency profile (``overheads``: added to each request's
+    latency outside the queue, as ``calibrate --endpoint`` measured them).
+    """
 
     kind: Literal["profile"] = "profile"
     path: str = "builtin:minilm-cpu"
     deterministic: bool = False
     extrapolate: bool = False
+    overheads: OverheadsCfg | None = None
 
 
 class LinearServiceCfg(_Strict):
@@ -211,7 +228,7 @@ class DynamicPolicyCfg(_PolicyBase):
     kind: Literal["dynamic"]
     max_batch_size: int = Field(8, ge=1, le=MAX_COUNT)
     max_wait_ms: float = Field(2.0, ge=0)
-    timer: Literal["request", "first"] = "request"
+    timer: Literal["request", "first", "arrival"] = "request"
     preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_COUNT)]] = []
 
     @model_validator(mode="after")
@@ -410,6 +427,11 @@ class Scenario(_Strict):
                              "slo_ms on every class")
         if self.classes is not None:
             self._check_classes(self.classes)
+        if getattr(self.service, "overheads", None) is not None and \
+                self.workload.kind == "closed":
+            raise ValueError("service.overheads: not available for workload.kind 'closed' "
+                             "(a client's next send waits for the answer, so the overhead "
+                             "would change the load); use an open-loop workload")
         duration_s = getattr(self.workload, "duration_s", None)
         if duration_s is not None and self.warmup_s >= duration_s:
             raise ValueError(f"warmup_s: {self.warmup_s:g} s leaves nothing to measure of "

@@ -12,7 +12,7 @@ import pytest
 import sim
 from calibration.profile import LatencyProfile, ProfileError, load_profile
 from executor.compare import compare, compare_rows, mean_summary
-from executor.probe import drift, pooled_scale, probe, probe_sizes
+from executor.probe import Probe, drift, pooled_scale, pooled_scales, probe, probe_sizes
 from executor.testing import SleepRunner
 from sim.scenario.schema import load_scenario
 
@@ -123,7 +123,7 @@ def test_probe_measures_the_device_speed_against_the_profile(tmp_path) -> None:
     assert before.overhead_s > 0
     refreshed = before.profile_for(prof, "full", [after])
     assert refreshed.median_s(4) == pytest.approx(
-        prof.median_s(4) * pooled_scale([before, after])
+        prof.median_s(4) * pooled_scales([before, after])[4]
         + refreshed.meta["rescaled"]["add_s"], rel=1e-6)
     only = before.profile_for(prof, "overhead")
     assert only.median_s(1) == pytest.approx(prof.median_s(1) + before.overhead_s, rel=1e-6)
@@ -386,11 +386,61 @@ def test_probe_keeps_to_its_budget_by_leaving_out_middle_sizes() -> None:
                           meta={"threads": 1})
     # 8 reps + pilot of every size would take 13 × 5 ms × 36 = 2.3 s; the budget is 0.8 s
     assert sizes_within_budget(sizes, lambda b: 13 * 0.005 * b, 0.8) == [1, 2, 8]
-    assert sizes_within_budget(sizes, lambda b: 13 * 0.005 * b, 0.1) == [8]  # the largest
+    # the smallest: the size a light load dispatches most (each size has its own scale)
+    assert sizes_within_budget(sizes, lambda b: 13 * 0.005 * b, 0.1) == [1]
     budget_s = 1.5
     result = probe(SleepRunner(lambda n: 0.005 * n), prof, sizes, budget_s=budget_s)
-    assert 8 in result.reps and len(result.reps) < len(sizes)
+    assert 1 in result.reps and len(result.reps) < len(sizes)  # the smallest always
     assert result.scale == pytest.approx(1.0, rel=0.05)
     # the driver's start-up per size counts too (measured on the first size and planned
     # for); every size at its minimum would need 2.3 s of batches alone
     assert result.wall_s < 1.5 * budget_s < 2.3
+
+
+def fabricated_probe(ratio: dict[int, float], reps: int = 10) -> Probe:
+    """A probe that found the model ``ratio[b]`` times the profile's median at each size."""
+    profile_s = {b: linear_ms(b) / 1e3 for b in ratio}
+    return Probe({b: r * profile_s[b] for b, r in ratio.items()}, profile_s, 0.0,
+                 dict.fromkeys(ratio, reps), 0.1)
+
+
+def test_pooled_scales_keep_a_ratio_per_size_and_weight_the_probes_by_reps() -> None:
+    before = fabricated_probe({1: 1.40, 4: 0.80, 8: 0.80})
+    after = Probe({1: 1.2 * 1.40 * 0.0075}, {1: 0.0075}, 0.0, {1: 30}, 0.1)
+    scales = pooled_scales([before, after])
+    # size 1: geometric mean of 1.40 and 1.68, weighted 10 : 30; sizes probed once: as found
+    assert scales[1] == pytest.approx(math.exp((10 * math.log(1.40) + 30 * math.log(1.68)) / 40))
+    assert scales[4] == pytest.approx(0.80) and scales[8] == pytest.approx(0.80)
+    # one pooled scale lies between them and fits neither end
+    assert 0.80 < pooled_scale([before]) < 1.40
+
+
+def test_probe_recovers_a_distortion_that_differs_by_batch_size(tmp_path) -> None:
+    """The dyn-demo case: the device runs batch 1 at 1.4x the profile and batches of 4 and
+    more at 0.8x. The refreshed profile follows each size (and interpolates the sizes
+    between the probed ones); one pooled scale would miss both ends by 20-40%.
+    """
+    prof = load_profile(profile_file(tmp_path))
+    factor = {1: 1.4, 2: 1.1, 4: 0.8, 8: 0.8, 16: 0.8}
+    runner = SleepRunner(lambda n: factor[n] * linear_ms(n) / 1e3)
+    before = probe(runner, prof, [1, 4], budget_s=5.0)  # room for both sizes when loaded
+    assert sorted(before.model_median_s) == [1, 4]
+    refreshed = before.profile_for(prof, "full")
+    took = np.array(runner.took_s)
+    sizes = np.array(runner.sizes)
+    add_s = refreshed.meta["rescaled"]["add_s"]
+    for size in (1, 4):
+        # each probed size's median is what the runner's calls took at that size (a sleep
+        # overshoots on a busy machine: the probe's standard error bounds the difference)
+        seen_s = float(np.median(took[sizes == size]))
+        assert refreshed.median_s(size) - add_s == pytest.approx(
+            seen_s, rel=3 * before.model_se_rel[size] + 0.01)
+    assert refreshed.meta["rescaled"]["scale_by_size"]["1"] >= 1.4 * 0.99
+    # batch 1 slower than profiled, batch 4 faster, however loaded the machine is
+    assert before.ratio_by_size[1] > 1.2 * before.ratio_by_size[4]
+    # size 2 (not probed) takes the ratio halfway (in log size) between sizes 1 and 4
+    halfway = (before.ratio_by_size[1] + before.ratio_by_size[4]) / 2
+    assert refreshed.median_s(2) - add_s == pytest.approx(prof.median_s(2) * halfway, rel=1e-6)
+    pooled = before.scale
+    misses = [abs(pooled / before.ratio_by_size[b] - 1) for b in (1, 4)]
+    assert max(misses) > 0.15  # what the single pooled scale got wrong

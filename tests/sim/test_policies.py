@@ -117,6 +117,42 @@ def test_dynamic_first_timer_starts_when_the_batcher_takes_the_first_request() -
     ]
 
 
+def test_dynamic_arrival_timer_closes_batches_while_the_replica_is_busy() -> None:
+    # Ray Serve's @serve.batch (batching.py): the next batch closes max_wait after its first
+    # request arrived (or after the previous batch closed), even while the replica is busy;
+    # a replica freed later takes only what arrived inside that window.
+    fq = FakeQueue([0.000, 0.001, 0.004, 0.005, 0.0055, 0.020])
+    policy = DynamicBatching(max_batch_size=4, max_wait_ms=2, timer="arrival")
+    log = replay(policy, fq, [0.0005, 0.0100, 0.0101, 0.0102, 0.0201, 0.0300])
+    assert log == [
+        (0.0005, Decision(wake_at_s=pytest.approx(0.002))),
+        # busy until 0.010: the window [0, 0.002] closed long ago, with requests 0 and 1 only
+        (0.0100, Decision(dispatch=(0, 1))),
+        # the next clock started at request 2's arrival (after the close): 2, 3 and 4 inside
+        (0.0101, Decision(dispatch=(2, 3, 4))),
+        (0.0102, Decision()),
+        (0.0201, Decision(wake_at_s=pytest.approx(0.022))),
+        (0.0300, Decision(dispatch=(5,))),
+    ]
+    # the 'first' timer, on the same queue, takes all that waits when the replica is freed
+    # (a full batch at once here: larger batches under load)
+    first = replay(DynamicBatching(max_batch_size=4, max_wait_ms=2, timer="first"),
+                   FakeQueue([0.000, 0.001, 0.004, 0.005, 0.0055, 0.020]), [0.0100])
+    assert first[0][1].dispatch == (0, 1, 2, 3)
+    with pytest.raises(ValueError, match="preferred_batch_sizes"):
+        DynamicBatching(max_batch_size=4, timer="arrival", preferred_batch_sizes=[2])
+
+
+def test_dynamic_arrival_timer_full_batch_closes_at_its_last_arrival() -> None:
+    fq = FakeQueue([0.0, 0.001, 0.001, 0.0015, 0.0016, 0.01])
+    policy = DynamicBatching(max_batch_size=4, max_wait_ms=5, timer="arrival")
+    log = replay(policy, fq, [0.0015, 0.0016, 0.0017])
+    # full at 0.0015 (closed then); the next clock starts at 0.0016's arrival
+    assert log[0][1].dispatch == (0, 1, 2, 3)
+    assert log[1][1] == Decision(wake_at_s=pytest.approx(0.0066))
+    assert log[2][1] == Decision(wake_at_s=pytest.approx(0.0066))
+
+
 def test_dynamic_dispatches_a_full_batch_at_once() -> None:
     fq = FakeQueue([0.0] * 10)
     log = replay(DynamicBatching(max_batch_size=4, max_wait_ms=50), fq, [0.0, 0.0, 0.0])

@@ -10,6 +10,15 @@ request at the head of the queue when it started: once that request has left the
 never consulted on an empty queue, so a clock kept by replica alone would outlive the requests
 it was timing.
 
+``timer="arrival"`` (Ray Serve's ``@serve.batch`` as it runs, read from
+``ray/serve/batching.py``): the batcher closes the next batch while the replica is still busy
+(``_process_batches`` awaits ``wait_for_batch`` again as soon as it has handed a batch to a
+task that waits on the ``max_concurrent_batches`` semaphore), so a batch's clock starts at its
+first request's arrival, or at the previous batch's close if that request came earlier, and
+the batch holds what arrived before the clock ran out (up to the maximum), however long the
+replica stays busy afterwards. ``first`` instead starts the clock when a free replica first
+looks, and takes everything waiting then: under load its batches are larger.
+
 ``preferred_batch_sizes`` (Triton's model configuration): as soon as a batch of *any*
 preferred size can be formed, the largest preferred size that can be formed is sent at once;
 when the delay is used up (fewer requests wait than the smallest preferred size) everything
@@ -24,7 +33,7 @@ from collections.abc import Sequence
 from sim.serving.policies.simple import _check_batch_size
 from sim.serving.types import WAIT, Decision, QueueView, ReplicaView
 
-TIMERS = ("request", "first")
+TIMERS = ("request", "first", "arrival")
 
 
 class DynamicBatching:
@@ -43,6 +52,9 @@ class DynamicBatching:
         if preferred and preferred[-1] > self.max_batch_size:
             raise ValueError(f"policy.preferred_batch_sizes: {preferred[-1]} exceeds "
                              f"max_batch_size {self.max_batch_size}")
+        if timer == "arrival" and preferred:
+            raise ValueError("policy.preferred_batch_sizes: not available with timer "
+                             "'arrival' (Ray Serve's batcher has none)")
         self.max_wait_s = max_wait_ms / 1e3
         self.timer = timer
         self.preferred = preferred
@@ -50,6 +62,7 @@ class DynamicBatching:
                                                         max_concurrent_batches)
         self._ready_n = preferred[0] if preferred else self.max_batch_size
         self._clock: dict[int, tuple[float, int]] = {}  # replica -> (start, head request)
+        self._closed_s: dict[int, float] = {}  # replica -> when its last batch closed
 
     def __repr__(self) -> str:
         return (f"DynamicBatching(max_batch_size={self.max_batch_size}, "
@@ -67,6 +80,8 @@ class DynamicBatching:
         n = len(queue)
         if n == 0:
             return WAIT
+        if self.timer == "arrival":
+            return self._by_arrival(now_s, queue, replica.index)
         if n >= self._ready_n:
             self._clock.pop(replica.index, None)
             return Decision(dispatch=tuple(queue.ids(self._ready_size(n))))
@@ -81,6 +96,21 @@ class DynamicBatching:
             self._clock.pop(replica.index, None)
             return Decision(dispatch=tuple(queue.ids(min(n, self.max_batch_size))))
         return Decision(wake_at_s=due_s)
+
+    def _by_arrival(self, now_s: float, queue: QueueView, replica: int) -> Decision:
+        """``timer="arrival"``: the head's batch closes ``max_wait`` after its clock started
+        (its arrival, or the previous close) or when the maximum had arrived.
+        """
+        ids = queue.ids(self.max_batch_size)
+        start_s = max(queue.arrival_s(ids[0]), self._closed_s.get(replica, -1e300))
+        close_s = start_s + self.max_wait_s
+        inside = [r for r in ids if queue.arrival_s(r) <= close_s]
+        if len(inside) == self.max_batch_size:  # full: closed when its last one arrived
+            close_s = max(start_s, queue.arrival_s(inside[-1]))
+        elif now_s < close_s:
+            return Decision(wake_at_s=close_s)
+        self._closed_s[replica] = close_s
+        return Decision(dispatch=tuple(inside))
 
     def on_batch_done(self, now_s: float, batch_size: int, service_s: float) -> None:
         """No feedback needed."""

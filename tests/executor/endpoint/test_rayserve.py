@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import sim
+from executor.endpoint.compare_requests import compare_request_endpoint
 from executor.endpoint.request_bench import bench_requests
-from executor.endpoint.request_calibrate import calibrate_endpoint
+from executor.endpoint.request_calibrate import calibrate_endpoint, profile_service
 
 pytestmark = pytest.mark.slow
 
@@ -88,8 +89,10 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
     assert all(1 <= n <= 8 for n in during)
     path = profile.save(tmp_path / "ray.json")
     s1 = profile.median_s(1)
+    over = profile.meta["endpoint"]["request_overhead"]
+    assert over["request_ms"] > 0 and over["sizes"]["8"]["queued_pairs"] >= 1
     scenario = {"name": "ray-minilm", "seed": 5,
-                "service": {"kind": "profile", "path": str(path)},
+                "service": profile_service(profile, str(path)),
                 "workload": {"kind": "poisson", "rate_rps": round(0.4 / s1, 2),
                              "duration_s": 10},
                 "policy": {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 5,
@@ -107,16 +110,65 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
     se_ms = float(lat_ms.std(ddof=1) / math.sqrt(lat_ms.size))
     got, want = float(lat_ms.mean()), predicted.summary["latency_ms"]["mean"]
     # 4 sigma of the measured mean, the calibration's own uncertainty at batch 1 (its spread
-    # over the bursts, 4 standard errors), and a stated model bias: the profile counts Ray's
-    # per-request path (proxy, router) as replica busy time, while the proxy works beside the
-    # replica, so the simulator overstates queueing (measured here: +20 to +30% at rho 0.3)
+    # over the bursts, 4 standard errors), and the overhead's split measured with a 100 ms
+    # window (only full bursts of 8 queue behind each other, so the overhead outside the
+    # replica is the one a full burst sees; a lone request's differs: see
+    # benchmarks/results/fidelity_rayserve.md for the split at the scenario's window)
     s1_se_ms = 1e3 * float(np.std(profile.samples_s[1], ddof=1)
                            / math.sqrt(profile.samples_s[1].size))
     tolerance = 4 * se_ms + 4 * s1_se_ms + 0.35 * got
     assert abs(got - want) <= tolerance, (got, want, tolerance)
-    assert want >= got - 4 * se_ms - 4 * s1_se_ms  # the bias has the stated direction
     assert abs(ray_batches.mean() - predicted.summary["mean_batch_size"]) <= 0.5, (
         ray_batches.mean(), predicted.summary["mean_batch_size"])
+
+
+def test_compare_endpoint_predicts_ray_serve_around_probes(ray_minilm: Any,
+                                                           tmp_path: Path) -> None:
+    """``compare --endpoint --api kserve-v2`` on a short scenario: two bench runs, each
+    bracketed by probes with a ratio per burst size, written as the live compare writes.
+    """
+    url = ray_minilm.url
+    _configure(url, batch_wait_timeout_s=0.1)  # unsplit bursts on a busy machine (above)
+    try:
+        profile = calibrate_endpoint(url, api="kserve-v2", sizes=[1, 2, 4], reps=4,
+                                     model="minilm", window_ms=100, server_max_batch=4,
+                                     say=lambda line: None)
+    finally:
+        _configure(url, batch_wait_timeout_s=0.005)
+    path = profile.save(tmp_path / "ray.json")
+    scenario = {"name": "ray-compare", "seed": 6, "service": {"kind": "constant", "ms": 1},
+                "workload": {"kind": "poisson", "rate_rps": round(0.3 / profile.median_s(1), 2),
+                             "duration_s": 4},
+                "policy": {"kind": "dynamic", "max_batch_size": 4, "max_wait_ms": 5,
+                           "timer": "first"},
+                "warmup_s": 0.5, "payload": PAYLOAD}
+    _configure(url, max_batch_size=4)
+    try:
+        data = compare_request_endpoint(scenario, url, tmp_path / "cmp", api="kserve-v2",
+                                        profile=path, repeats=2, sim_replications=2)
+    finally:
+        _configure(url, max_batch_size=8)
+    out = tmp_path / "cmp"
+    assert json.loads((out / "compare.json").read_text())["rows"] == json.loads(
+        json.dumps(data["rows"]))
+    assert (out / "report.html").is_file() and (out / "sim").is_dir()
+    for i in (1, 2):
+        assert (out / f"live-{i}" / "requests.parquet").is_file()
+        assert (out / f"live-{i}" / "probe.json").is_file()
+        assert (out / f"sim-{i}").is_dir()
+    assert data["probed"] and data["overheads_ms"]["request_ms"] > 0
+    for probe in data["probes"]:
+        assert set(probe["ratio_by_size"]) == {"1", "2", "4"}
+        assert all(0.2 < r < 5 for r in probe["ratio_by_size"].values())
+    rows = {r["metric"]: r for r in data["rows"]}
+    # the bench sees no batches: those rows have no live value; the ones it sees have both
+    assert "mean_batch_size" in data["not_visible"]
+    assert math.isnan(rows["mean_batch_size"]["live_median"])
+    # throughput is the offered rate on both sides (a Poisson count over ~3.5 s: 4 sigma)
+    rate = scenario["workload"]["rate_rps"]
+    assert abs(rows["throughput_rps"]["rel_error"]) <= 4 / math.sqrt(rate * 3.5)
+    assert rows["latency_ms.p50"]["sim"] > 0 and rows["latency_ms.p50"]["live_median"] > 0
+    assert data["kind"] == "request" and data["api"] == "kserve-v2"
 
 
 SLEEP = {"model": "sleep", "model_name": "sleep", "max_batch_size": 4,

@@ -1,0 +1,96 @@
+"""``calibrate --endpoint`` separating the path outside the replica, and ``compare
+--endpoint`` for request-level scenarios, against the local stub's batcher (a server whose
+busy time and outside delay are known: ``batch:MAX:WINDOW:BASE:PER_ITEM:OUTSIDE``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from executor.endpoint.compare_requests import compare_request_endpoint
+from executor.endpoint.request_calibrate import calibrate_endpoint, profile_service
+from executor.endpoint.server_info import EndpointError
+
+BASE_MS, PER_ITEM_MS, OUTSIDE_MS = 20.0, 5.0, 30.0
+PAYLOAD = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 2]}]}
+
+
+def stub_model(tag: str) -> str:
+    """A batcher of at most 4 with no window (a burst of 1 or 4 is one batch either way)."""
+    return f"batch:4:0:{BASE_MS:g}:{PER_ITEM_MS:g}:{OUTSIDE_MS:g}~{tag}"
+
+
+def test_calibrate_separates_the_path_outside_the_replica(stub_url: str) -> None:
+    prof = calibrate_endpoint(stub_url, api="kserve-v2", sizes=[1, 4], reps=6,
+                              model=stub_model("cal"), window_ms=0, server_max_batch=4,
+                              say=lambda line: None)
+    over = prof.meta["endpoint"]["request_overhead"]
+    # the outside delay is a sleep (never shorter than asked) plus the stub's HTTP path;
+    # the busy time a sleep too: each at least what was asked, and the busy time no longer
+    # than asked plus a loaded event loop's lateness (the outside time takes the rest)
+    assert over["request_ms"] >= OUTSIDE_MS * 0.95
+    for n in (1, 4):
+        busy_ms = prof.median_s(n) * 1e3
+        asked_ms = BASE_MS + PER_ITEM_MS * n
+        assert asked_ms * 0.95 <= busy_ms <= asked_ms + 0.5 * OUTSIDE_MS, (n, busy_ms)
+        assert over["sizes"][str(n)]["queued_pairs"] >= 4
+    # what the prediction adds is the outside time; lumped into the busy time (no
+    # --server-max-batch-size) the busy time at batch 1 would be about 55 ms
+    assert profile_service(prof, "p.json")["overheads"]["request_ms"] == over["request_ms"]
+    lumped = calibrate_endpoint(stub_url, api="kserve-v2", sizes=[1], reps=3,
+                                model=stub_model("lumped"), say=lambda line: None)
+    assert lumped.median_s(1) * 1e3 >= BASE_MS + PER_ITEM_MS + OUTSIDE_MS * 0.95
+    assert "overheads" not in profile_service(lumped, "p.json")
+
+
+def test_compare_endpoint_writes_the_live_compare_files(stub_url: str, tmp_path: Path) -> None:
+    model = stub_model("cmp")
+    prof = calibrate_endpoint(stub_url, api="kserve-v2", sizes=[1, 4], reps=4,
+                              model=model, window_ms=0, server_max_batch=4,
+                              say=lambda line: None)
+    path = prof.save(tmp_path / "stub.json")
+    rate = round(0.4 / prof.median_s(1), 2)
+    scenario = {"name": "stub-compare", "seed": 3, "service": {"kind": "constant", "ms": 1},
+                "workload": {"kind": "poisson", "rate_rps": rate, "duration_s": 4},
+                "policy": {"kind": "dynamic", "max_batch_size": 4, "max_wait_ms": 0,
+                           "timer": "first"},
+                "warmup_s": 0.5, "payload": {**PAYLOAD, "model": model}}
+    out = tmp_path / "cmp"
+    data = compare_request_endpoint(scenario, stub_url, out, api="kserve-v2", profile=path,
+                                    repeats=2, sim_replications=3)
+    assert json.loads((out / "compare.json").read_text())["repeats"] == 2
+    assert (out / "report.html").is_file()
+    for i in (1, 2):
+        assert (out / f"live-{i}" / "probe.json").is_file()
+        assert (out / f"live-{i}" / "probed-profile.json").is_file()
+        assert (out / f"sim-{i}" / "prediction.json").is_file()
+    for probe in data["probes"]:
+        ratios = probe["ratio_by_size"]
+        assert set(ratios) == {"1", "4"}
+        # the server did not change between calibration and probe: ratios near 1 (a loaded
+        # event loop makes sleeps late; the probe's four bursts per size see that too)
+        assert all(0.7 < r < 1.6 for r in ratios.values()), ratios
+    rows = {r["metric"]: r for r in data["rows"]}
+    assert math.isnan(rows["mean_batch_size"]["live_median"])  # not visible from outside
+    # throughput: the offered rate on both sides (Poisson count over 3.5 s, 4 sigma)
+    assert abs(rows["throughput_rps"]["rel_error"]) <= 4 / math.sqrt(rate * 3.5)
+    # the latency: the simulator models this server exactly (outside delay included), so
+    # the p50 error is the measurement's own noise plus how far the server's speed moved
+    # while it ran (a loaded event loop makes sleeps late), which the probes saw
+    moved = max(abs(r - 1) for p in data["probes"] for r in p["ratio_by_size"].values())
+    assert abs(rows["latency_ms.p50"]["rel_error"]) <= 0.15 + moved, (rows["latency_ms.p50"],
+                                                                       moved)
+
+
+def test_compare_endpoint_refuses_bad_input_in_one_line(stub_url: str, tmp_path: Path) -> None:
+    scenario = {"name": "x", "seed": 1, "service": {"kind": "constant", "ms": 1},
+                "workload": {"kind": "poisson", "rate_rps": 5, "duration_s": 1},
+                "policy": {"kind": "none"}, "payload": {**PAYLOAD, "model": "instant"}}
+    with pytest.raises(EndpointError, match="--api"):
+        compare_request_endpoint(scenario, stub_url, tmp_path, api="grpc")
+    with pytest.raises(EndpointError, match="--profile"):
+        compare_request_endpoint(scenario, stub_url, tmp_path, api="kserve-v2")
