@@ -263,7 +263,6 @@ def _measure(url: str, api: str, payload: PayloadCfg, order: list[int], reps: in
 def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[int, float],
                      server_max: int, window_s: float, pairs: int, seed: int,
                      timeout_s: float, stopper: Stopper) -> dict[str, Any]:
-        stopper: A stop signal ends the measurement (:class:`ProbingStopped`).
     """The replica's busy time per burst size and the per-request time outside it, from
     ``pairs`` pairs of bursts of each size: the second burst of a pair is sent a quarter of
     a burst's latency after the first batch was dispatched (after the window, for a burst
@@ -287,6 +286,7 @@ def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[in
         pairs: Pairs of bursts per size.
         seed: Seeds the payloads.
         timeout_s: A request not answered after this long fails the calibration.
+        stopper: A stop signal ends the measurement (:class:`ProbingStopped`).
 
     Raises:
         EndpointError: a request failed, or no pair queued at any size.

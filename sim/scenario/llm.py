@@ -12,7 +12,8 @@ public contract):
   (truncated to ``prompt_tokens_max``/``output_tokens_max`` when given); or ``hash_trace``
   (``path``, ``format``, ``block_size``): a Bailian/Mooncake/CSV hash-block trace;
 * ``service``: ``llm_linear`` (``base_ms``, ``per_prefill_token_ms``, ``per_decode_seq_ms``,
-  ``per_kv_token_ms``, ``per_prefill_context_ms``), ``llm_profile`` (``path``: a measured step profile) or ``llm_roofline``
+  ``per_kv_token_ms``, ``per_prefill_context_ms``), ``llm_profile`` (``path``: a measured
+  step profile) or ``llm_roofline``
   (``model``, ``device``, ``tp``, ``coefficients``: see :mod:`sim.scenario.roofline.service`);
 * ``policy``: ``static``, ``continuous``, ``vllm`` or ``sarathi`` with vLLM's knob names;
 * ``slo``: ``ttft_ms`` and/or ``tpot_ms`` (goodput counts requests meeting every one set);
