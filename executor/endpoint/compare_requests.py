@@ -26,6 +26,7 @@ import numpy as np
 from calibration.profile import LatencyProfile, load_profile
 from executor.compare import predict
 from executor.compare_loop import METRICS, Probing, run_repeats, write_compare
+from executor.endpoint.probes import Stopper
 from executor.endpoint.request_bench import bench_requests
 from executor.endpoint.request_calibrate import _burst_stats, _bursts, profile_service
 from executor.endpoint.request_client import REQUEST_APIS, request_path
@@ -88,7 +89,8 @@ def probe_endpoint(url: str, api: str, payload: PayloadCfg, prof: LatencyProfile
     gap_s = 2.0 * max(prof.median_s(b) + overhead_s + window_s for b in sizes) + 0.02
     plan = [(0.05 + k * gap_s, n) for k, n in enumerate(
         [n for n in sizes for _ in range(PROBE_BURSTS + 1)])]
-    groups = _bursts(url, api, payload, plan, seed, timeout_s)
+    groups = _bursts(url, api, payload, plan, seed, timeout_s, Stopper())  # not installed:
+    # compare's own stop path (the bench's) handles signals
     rows = []
     for n in sizes:
         mine = [g for (_, size), g in zip(plan, groups, strict=True) if size == n][1:]
