@@ -79,6 +79,15 @@ def test_a_real_mlp_replica_is_loaded_when_launched_and_freed_when_stopped(tmp_p
     pytest.importorskip("torch")
     cfg = scenario(tmp_path, name="mlp", device="cpu", threads=1)
     cfg["autoscaling"]["target_ongoing_requests"] = 0.25
+    # after the burst, 3 s with no arrivals, then two: whatever the MLP's speed on a loaded
+    # machine, the backlog drains and the ongoing count falls to 0, so the autoscaler must
+    # stop the launched replicas (with the 10 req/s tail of `burst`, the ongoing count under
+    # two CPU hogs stayed above the target and the fleet never scaled down, 1 run in 3)
+    t = np.concatenate([np.arange(0, 1, 1 / 20), 1 + np.arange(0, 1.5, 1 / 400),
+                        [5.5, 6.0]])
+    path = tmp_path / "burst-idle.csv"
+    pd.DataFrame({"t": t}).to_csv(path, index=False)
+    cfg["workload"]["path"] = str(path)
     # round robin sends the launched replicas requests: from one shared queue the resident
     # replica, consulted first, often took every request alone (the MLP serves one in well
     # under the 2.5 ms between arrivals), and the test failed about 1 run in 4
