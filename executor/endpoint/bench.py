@@ -18,6 +18,7 @@ import asyncio
 import json
 import math
 import resource
+import secrets
 import signal
 import threading
 import time
@@ -45,11 +46,13 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "prefill_c
 
 
 def make_jobs(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, api: str,
-              seed: int, token_ids: tuple[int, int]) -> list[Job]:
+              seed: int, token_ids: tuple[int, int], salt: int = 0) -> list[Job]:
     """One job per request: token-id prompts of exactly the scenario's length (chat: that
-    many random words; the server's tokenizer decides their token count).
+    many random words; the server's tokenizer decides their token count). ``salt`` (0: none)
+    draws other ids from the same seed: a server's prefix cache keeps the prompts of earlier
+    runs, so repeats of one scenario must not send the same ones.
     """
-    rng = np.random.default_rng([seed, 29])
+    rng = np.random.default_rng([seed, 29, salt] if salt else [seed, 29])
     lo, hi = token_ids
     jobs = []
     for i, (t, p, o) in enumerate(zip(arrival_s, prompt, output, strict=True)):
@@ -181,7 +184,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
           model: str | None = None, overrides: list[str] | dict[str, Any] | None = None,
           max_concurrency: int | None = None, drain_timeout_s: float | None = None,
           request_timeout_s: float | None = None, token_ids: tuple[int, int] = (10, 250),
-          handle_signals: bool = False,
+          prompt_salt: int | None = None, handle_signals: bool = False,
           on_done: Callable[[Outcome], None] | None = None,
           on_client: Callable[[OpenLoop], None] | None = None) -> LlmResult:
     """Measure ``endpoint`` on an LLM scenario's schedule.
@@ -197,6 +200,9 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
             Default: live's (the window's length, else 60 s).
         request_timeout_s: Fail a request not complete after this long (cause ``timeout``).
         token_ids: Prompt token ids are drawn from ``[lo, hi)``.
+        prompt_salt: Varies the prompts' ids (:func:`make_jobs`); None: a fresh one per run
+            (recorded in ``meta.json``), so that no run finds the prompts of an earlier one in
+            the server's prefix cache; 0: the seed's own ids.
         handle_signals: SIGINT and SIGTERM stop the run; what was measured is kept.
         on_done: Called after each request (the progress bar).
         on_client: Called with the client before it starts (tests stop runs with it).
@@ -227,7 +233,8 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
     preflight(url, api, model)
     before = server_info.metrics(base)
     schedule, prompt, output = llm_schedule(scn)
-    jobs = make_jobs(schedule.arrival_s, prompt, output, api, scn.seed, (lo, hi))
+    salt = secrets.randbits(31) if prompt_salt is None else int(prompt_salt)
+    jobs = make_jobs(schedule.arrival_s, prompt, output, api, scn.seed, (lo, hi), salt)
     horizon = horizon_s(scn, schedule.arrival_s)
     client = OpenLoop(url, api, model, jobs, deadline_s=horizon + drain,
                       max_concurrency=max_concurrency, request_timeout_s=request_timeout_s,
@@ -256,7 +263,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
                            "server_config": server_info.scheduling_config(before),
                            "server_metrics_before": before, "server_metrics_after": after,
                            "client_cpu_share": client.cpu_share,
-                           "max_concurrency": max_concurrency,
+                           "max_concurrency": max_concurrency, "prompt_salt": salt,
                            "request_timeout_s": request_timeout_s,
                            "prompt_token_ids": [lo, hi], "requests_planned": len(jobs),
                            "requests_sent": len(outs),
