@@ -75,10 +75,31 @@ def _hist(page: dict[str, Any]) -> dict[float, float]:
     return {float(le): v for le, v in page.get("buckets", {}).get(HIST, {}).items()}
 
 
+def vllm_counted(steps: pd.DataFrame, requests: pd.DataFrame) -> tuple[np.ndarray, float]:
+    """The simulated steps as vLLM's ``iteration_tokens_total`` counts them, and the last
+    step's end. vLLM observes only steps that return tokens, each with its generated tokens
+    (one per decode, one per prompt finishing its prefill) plus the whole computed prompt of
+    each request finishing its prefill (not the chunk the step ran).
+    """
+    if steps.empty:
+        return np.zeros(0), 0.0
+    ends = (steps["start_s"] + steps["duration_s"]).to_numpy(float)
+    first = requests["first_token_s"].to_numpy(float)
+    done = np.isfinite(first)
+    at = np.clip(np.searchsorted(ends, first[done] - 1e-9), 0, ends.size - 1)
+    prompt = np.zeros(ends.size)
+    firsts = np.zeros(ends.size)
+    np.add.at(prompt, at, requests["prompt_tokens"].to_numpy(float)[done])
+    np.add.at(firsts, at, 1.0)
+    counted = steps["decode_seqs"].to_numpy(float) + firsts + prompt
+    returns = (steps["decode_seqs"].to_numpy(float) + firsts) > 0
+    return counted[returns], float(ends.max())
+
+
 def step_mix(point: Path, repeats: int) -> dict[str, Any]:
     """The server's engine steps over the point's bench runs (``/metrics`` differences) and
-    the simulated runs' steps: steps/s, mean tokens per step, share of steps above each
-    bucket bound (vLLM's bounds).
+    the simulated runs' steps counted as vLLM counts them (:func:`vllm_counted`): steps/s,
+    mean tokens per step, share of steps above each bucket bound (vLLM's bounds).
     """
     counts: dict[float, float] = {}
     total = steps = span = 0.0
@@ -95,10 +116,10 @@ def step_mix(point: Path, repeats: int) -> dict[str, Any]:
         steps += values1.get(f"{HIST}_count", 0.0) - values0.get(f"{HIST}_count", 0.0)
         span += float(meta["wall_s"])
         sim_dir = point / f"sim-{i}" if (point / f"sim-{i}").is_dir() else point / "sim"
-        sim_steps = pd.read_parquet(sim_dir / "steps.parquet")
-        sim_tokens.append((sim_steps["prefill_tokens"] + sim_steps["decode_seqs"]).to_numpy())
-        ends = sim_steps["start_s"] + sim_steps["duration_s"]
-        sim_span += float(ends.max()) if len(ends) else 0.0
+        tokens, end_s = vllm_counted(pd.read_parquet(sim_dir / "steps.parquet"),
+                                     pd.read_parquet(sim_dir / "requests.parquet"))
+        sim_tokens.append(tokens)
+        sim_span += end_s
     sim_all = np.concatenate(sim_tokens) if sim_tokens else np.zeros(0)
     bounds = [le for le in sorted(counts) if np.isfinite(le) and le in SHOWN_BOUNDS]
     above_vllm = {f"{le:g}": 1 - counts[le] / steps if steps else float("nan") for le in bounds}
@@ -210,7 +231,10 @@ def write_results(rows: list[dict[str, Any]], steps: list[dict[str, Any]],
              "## Engine steps: vLLM's iteration token histogram against the simulated steps", "",
              "Over each point's bench runs (vLLM: `vllm:iteration_tokens_total` differences, "
              "including the few steps of the pre-flight request; sim: the probed predictions' "
-             "steps).", "", *steps_table(steps)]
+             "steps). vLLM observes only the steps that return tokens, and counts in each the "
+             "tokens generated plus the whole prompt of every request whose prefill ends there "
+             "(not the chunk the step ran); the simulated steps are counted the same way.", "",
+             *steps_table(steps)]
     path = RESULTS / f"fidelity_vllm{suffix}.md"
     path.write_text("\n".join(lines) + "\n")
     (RESULTS / f"fidelity_vllm{suffix}-steps.json").write_text(json.dumps(steps, indent=1)

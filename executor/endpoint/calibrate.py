@@ -47,7 +47,9 @@ from executor.endpoint.server_info import EndpointError
 
 PREFILL_TOKENS = (16, 64, 256, 1024)
 DECODE_SEQS = (1, 2, 4, 8, 16)
-DECODE_PROMPTS = (32, 512)
+# contexts 64, 544 and 1,120: a 1,024-token prompt's decodes lie inside the grid (beyond its
+# longest context a step falls back to the linear model)
+DECODE_PROMPTS = (32, 512, 1088)
 OUTPUT_TOKENS = 64
 CHUNKS = 4  # chunks of the chunked-prefill probe's prompt
 MIN_REPS = 3

@@ -38,7 +38,9 @@ from sim.scenario.llm import LlmProfileServiceCfg, LlmScenario, load_llm_scenari
 
 PROBE_PREFILL_TOKENS = (64, 256)
 PROBE_DECODE_SEQS = (1, 8)
-PROBE_DECODE = (32, 32)  # prompt tokens, output tokens
+# prompt and output tokens: calibrate --endpoint's decode probe (prompt 32, 64 outputs less
+# 16), so a probe times exactly what a grid point of the profile holds
+PROBE_DECODE = (32, 64)
 
 
 def probe_endpoint(target: probes.Target, profile: StepProfile, request_s: float,
