@@ -19,7 +19,7 @@ simulated runs' steps (prefill tokens + decoding sequences of each step), as ste
 mean tokens per step and the share of steps above each of vLLM's bucket bounds.
 
 Usage: python benchmarks/fidelity_vllm.py [--rhos 0.3,0.6,0.8,0.9] [--repeats 3]
-       [--seconds 15] [--settings 256,2048] [--budget-s 90] [--note TEXT]
+       [--seconds 15] [--settings 256,2048] [--budget-s 150] [--note TEXT]
 Writes benchmarks/results/fidelity_vllm.md and fidelity_vllm.csv (``--tag T``: with -T in
 the names, for a reduced run).
 """
@@ -248,7 +248,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--settings", default="256,2048")
-    ap.add_argument("--budget-s", type=float, default=90.0)
+    ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--tag", default="", help="suffix of the results' names (reduced runs)")
     ap.add_argument("--note", default="", help="a paragraph for the report")
     ap.add_argument("--out", type=Path, default=Path("/tmp/servelab-fidelity-vllm"))

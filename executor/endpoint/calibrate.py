@@ -46,7 +46,7 @@ from executor.endpoint.client import APIS
 from executor.endpoint.server_info import EndpointError
 
 PREFILL_TOKENS = (16, 64, 256, 1024)
-DECODE_SEQS = (1, 2, 4, 8, 16)
+DECODE_SEQS = (1, 2, 4, 8, 16, 32)  # busy chunked servers run 20-30 decodes (linear model beyond)
 # contexts 64, 544 and 1,120: a 1,024-token prompt's decodes lie inside the grid (beyond its
 # longest context a step falls back to the linear model)
 DECODE_PROMPTS = (32, 512, 1088)
@@ -158,7 +158,8 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
     grid = plan_grid(max_len, max_num_seqs, max_num_batched_tokens)
     # a fresh salt: a second calibration must not find the first one's prompts cached
     salt = secrets.randbits(31)
-    target = probes.Target(url, model, np.random.default_rng([seed, 2929, salt]))
+    target = probes.Target(url, model, np.random.default_rng([seed, 2929, salt]),
+                           max_model_len=max_len)
     # a first look at the server's speed sizes the plan to the budget
     probes.prefill_ttft_s(target, grid["prefill_tokens"][0], 1)  # warm-up, untimed
     ttft_long = max(probes.prefill_ttft_s(target, grid["prefill_tokens"][-1], 2))

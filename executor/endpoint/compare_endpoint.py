@@ -5,7 +5,8 @@ and write the ``compare.json`` the live LLM compare writes (same rows:
 
 Around each run a short probe (one-token prefills of two lengths, decode streams of one and
 of eight sequences) re-measures the server against the profile: its prefill and decode speed
-scales per step size, geometric means of before and after, rescale the profile
+scales per step size, geometric means of before and after (1 where that lies within their
+difference from each other: the probe's noise, not the server's drift), rescale the profile
 (:meth:`calibration.step_profile.StepProfile.rescaled`, interpolating between the probed
 sizes) for that run's prediction, and their largest change between before and after is the
 run's drift. One sequence's scale alone would rescale every decode step by the drift of its
@@ -77,7 +78,15 @@ def probe_endpoint(target: probes.Target, profile: StepProfile, request_s: float
 
 
 def _geomean(before: dict[int, float], after: dict[int, float]) -> dict[int, float]:
-    return {k: math.sqrt(before[k] * after[k]) for k in before}
+    """Each size's scale: the geometric mean of before and after, where it differs from 1
+    by more than before and after differ from each other (the probe's own noise); else 1
+    (no evidence that the server's speed moved: rescaling by noise only adds error).
+    """
+    out = {}
+    for k in before:
+        scale, noise = math.sqrt(before[k] * after[k]), abs(after[k] / before[k] - 1)
+        out[k] = scale if abs(scale - 1) > noise else 1.0
+    return out
 
 
 def _drift(before: dict[str, Any], after: dict[str, Any]) -> float:

@@ -11,6 +11,8 @@ import pytest
 from calibration.step_profile import StepProfile
 from executor.endpoint.bench import make_jobs
 from executor.endpoint.calibrate import _fit, _request_s, plan_grid
+from executor.endpoint.client import Outcome
+from executor.endpoint.probes import MAX_EXTRA_TOKENS, _after_prefills_s, _overlap_tokens
 from executor.endpoint.server_info import parse_metrics
 
 PAGE = """# HELP vllm:iteration_tokens_total Number of tokens per engine_step.
@@ -101,3 +103,31 @@ def test_chunk_samples_at_their_mean_start_give_the_prefix_attention_cost() -> N
     # the whole prompt: Σ chunks = 4 × 40 ms + e × 256 × (0 + 256 + 512 + 768)
     total = sum(profile.step_s(256, 0, 0, 256 * start) for start in (0, 256, 512, 768))
     assert total == pytest.approx(4 * 0.0496)
+
+
+def _stream(index: int, first_s: float, step_s: float, tokens: int) -> Outcome:
+    times = [first_s + k * step_s for k in range(tokens)]
+    return Outcome(index, 0.0, 0.0, 0.0, chunk_s=times, chunk_tokens=[1] * tokens,
+                   status="ok")
+
+
+def test_decodes_overlapping_prefills_are_timed_while_all_streams_decode() -> None:
+    # four streams whose prefills end 0.5 s apart (long prompts, a small token budget); from
+    # the last first token on, all four decode at 10 ms a token
+    outs = [_stream(i, 0.5 * i, 0.010, 400) for i in range(4)]
+    assert _after_prefills_s(outs, 24) == pytest.approx([0.010] * 4)
+    # too few tokens while all decode: no answer (the E2E difference is used)
+    short = [_stream(i, 0.5 * i, 0.010, 160) for i in range(4)]
+    assert _after_prefills_s(short, 24) is None
+    # first tokens together: the E2E difference, which bursts do not fool, is kept
+    together = [_stream(i, 0.001 * i, 0.010, 64) for i in range(4)]
+    assert _after_prefills_s(together, 24) is None
+
+
+def test_the_long_batch_asks_for_enough_tokens_to_outlast_the_prefills() -> None:
+    spread = [_stream(i, 0.3 * i, 0.010, 16) for i in range(4)]  # 0.9 s of prefills
+    extra = _overlap_tokens(spread, 16)
+    assert extra == 180  # twice the 90 tokens a stream gets in 0.9 s
+    assert _overlap_tokens([_stream(i, 0.0, 0.010, 16) for i in range(4)], 16) == 0
+    wide = [_stream(i, 30.0 * i, 0.010, 16) for i in range(4)]
+    assert _overlap_tokens(wide, 16) == MAX_EXTRA_TOKENS
