@@ -5,6 +5,8 @@ prefill time or a curved TTFT intercept, the chunked-prefill probe's plan and it
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from calibration.step_profile import StepProfile
 from executor.endpoint.bench import make_jobs
 from executor.endpoint.calibrate import _fit, _request_s, plan_grid
 from executor.endpoint.client import Outcome
+from executor.endpoint.compare_endpoint import _geomean
 from executor.endpoint.probes import MAX_EXTRA_TOKENS, _after_prefills_s, _overlap_tokens
 from executor.endpoint.server_info import parse_metrics
 
@@ -131,3 +134,12 @@ def test_the_long_batch_asks_for_enough_tokens_to_outlast_the_prefills() -> None
     assert _overlap_tokens([_stream(i, 0.0, 0.010, 16) for i in range(4)], 16) == 0
     wide = [_stream(i, 30.0 * i, 0.010, 16) for i in range(4)]
     assert _overlap_tokens(wide, 16) == MAX_EXTRA_TOKENS
+
+
+def test_a_probe_scale_within_the_probes_own_noise_stays_one() -> None:
+    before = {1: 0.85, 8: 1.30, 64: 1.02}
+    after = {1: 0.95, 8: 1.34, 64: 1.20}
+    scales = _geomean(before, after)
+    assert scales[1] == 1.0  # mean 0.90, but before and after differ by 12%: noise
+    assert scales[8] == pytest.approx(math.sqrt(1.30 * 1.34))  # slower on both sides: drift
+    assert scales[64] == 1.0
