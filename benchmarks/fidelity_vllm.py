@@ -27,9 +27,11 @@ the names, for a reduced run).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from pathlib import Path
@@ -151,6 +153,9 @@ def run_setting(batched: int, args: argparse.Namespace, out: Path,
         scn = load_llm_scenario(trace_scenario(args.seconds), endpoint_overrides(profile))
         capacity = saturation_rps(scn)
         for rho in [float(r) for r in args.rhos.split(",")]:
+            if args.stop_at is not None and time.time() > args.stop_at:
+                print(f"[{batched}] --stop-at reached: rho {rho:g} and after skipped", flush=True)
+                break
             sub = load_llm_scenario(scn, load_overrides(scn, rho, capacity))
             t0 = time.perf_counter()
             data = compare_endpoint(sub, server.url, out / f"b{batched}-rho{rho:g}",
@@ -170,6 +175,7 @@ def run_setting(batched: int, args: argparse.Namespace, out: Path,
                                  "client_cpu": max(data["client_cpu_share"]),
                                  "vllm_min": row["live_min"], "vllm_max": row["live_max"],
                                  "within_spread": row["within_spread"]})
+            args.save(rows)
     finally:
         server.stop()
     return rows
@@ -252,16 +258,38 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="suffix of the results' names (reduced runs)")
     ap.add_argument("--note", default="", help="a paragraph for the report")
     ap.add_argument("--out", type=Path, default=Path("/tmp/servelab-fidelity-vllm"))
+    ap.add_argument("--stop-at", default=None,
+                    help="HH:MM (UTC): start no point after it; stop 120 s after it")
     args = ap.parse_args()
     args.command = "fgrun python " + " ".join(["benchmarks/fidelity_vllm.py", *sys.argv[1:]])
+    args.stop_at = _stop_at(args.stop_at)
     rows: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     path = RESULTS / "fidelity_vllm.md"
+    # SIGTERM and the --stop-at alarm end the run through ``finally`` (the server stops)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGALRM, lambda *_: sys.exit(142))
+    if args.stop_at is not None:
+        signal.alarm(max(1, int(args.stop_at - time.time()) + 120))
     for batched in [int(s) for s in args.settings.split(",")]:
+        if args.stop_at is not None and time.time() > args.stop_at:
+            break
+        done = list(rows)
+        args.save = lambda new, done=done: write_results(done + new, steps, args,
+                                                         time.perf_counter() - t0)
         rows += run_setting(batched, args, args.out, steps)
         path = write_results(rows, steps, args, time.perf_counter() - t0)
     print(path.read_text())
+
+
+def _stop_at(text: str | None) -> float | None:
+    """Epoch seconds of today's HH:MM UTC (None: no limit)."""
+    if text is None:
+        return None
+    now = datetime.datetime.now(datetime.UTC)
+    hour, minute = (int(v) for v in text.split(":"))
+    return now.replace(hour=hour, minute=minute, second=0, microsecond=0).timestamp()
 
 
 if __name__ == "__main__":
