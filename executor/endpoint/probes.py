@@ -23,6 +23,10 @@ from executor.endpoint.client import Job, OpenLoop, Outcome
 from executor.endpoint.server_info import EndpointError
 
 MAX_EXTRA_TOKENS = 512  # the most a decode probe's long batch adds for overlapping prefills
+# first tokens spread over more than this share of a stream's decode span: prefills overlap
+# decodes (client jitter on a loaded machine stays well below; 16 long prompts under a
+# 256-token budget spread over several spans)
+OVERLAP = 0.5
 
 
 @dataclass
@@ -88,8 +92,8 @@ def decode_itl_s(target: Target, seqs: int, prompt_tokens: int, output_tokens: i
     stream and run (up to two more runs where noise left no positive one).
 
     Where the streams' prefills overlap their decodes (long prompts under a small token
-    budget: the first token of the batch's last stream comes more than a tenth of a stream's
-    decode span after the first one's), the difference would count the steps that carried
+    budget: the first token of the batch's last stream comes more than half a stream's decode
+    span after the first one's), the difference would count the steps that carried
     other streams' prefill chunks; the long batch then asks for more tokens
     (:func:`_overlap_tokens`) and each stream's time per token while all of them decode is
     taken instead (:func:`_after_prefills_s`), where that window holds enough tokens.
@@ -124,7 +128,7 @@ def _overlap_tokens(outs: list[Outcome], tokens: int) -> int:
     per_token = float(np.median([(o.chunk_s[-1] - o.chunk_s[0]) / max(tokens - 1, 1)
                                  for o in outs]))
     spread = max(firsts) - min(firsts)
-    if per_token <= 0 or spread <= 0.1 * per_token * tokens:
+    if per_token <= 0 or spread <= OVERLAP * per_token * (tokens - 1):
         return 0
     return int(min(math.ceil(2 * spread / per_token), MAX_EXTRA_TOKENS))
 
@@ -132,13 +136,13 @@ def _overlap_tokens(outs: list[Outcome], tokens: int) -> int:
 def _after_prefills_s(outs: list[Outcome], min_tokens: int) -> list[float] | None:
     """Seconds per token of each stream while all of them decode (after the batch's last
     first token, before its first last token), where the first tokens spread over more than
-    a tenth of the streams' median decode span (None: they do not, or fewer than
+    half the streams' median decode span (None: they do not, or fewer than
     ``min_tokens`` came in that window).
     """
     firsts = [o.chunk_s[0] for o in outs]
     spans = [o.chunk_s[-1] - o.chunk_s[0] for o in outs]
     t0, t1 = max(firsts), min(o.chunk_s[-1] for o in outs)
-    if t0 - min(firsts) <= 0.1 * float(np.median(spans)):
+    if t0 - min(firsts) <= OVERLAP * float(np.median(spans)):
         return None
     samples = []
     for o in outs:

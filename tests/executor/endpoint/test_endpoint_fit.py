@@ -115,13 +115,16 @@ def _stream(index: int, first_s: float, step_s: float, tokens: int) -> Outcome:
 
 
 def test_decodes_overlapping_prefills_are_timed_while_all_streams_decode() -> None:
-    # four streams whose prefills end 0.5 s apart (long prompts, a small token budget); from
+    # four streams whose prefills end 1 s apart (long prompts, a small token budget); from
     # the last first token on, all four decode at 10 ms a token
-    outs = [_stream(i, 0.5 * i, 0.010, 400) for i in range(4)]
+    outs = [_stream(i, 1.0 * i, 0.010, 400) for i in range(4)]
     assert _after_prefills_s(outs, 24) == pytest.approx([0.010] * 4)
     # too few tokens while all decode: no answer (the E2E difference is used)
-    short = [_stream(i, 0.5 * i, 0.010, 160) for i in range(4)]
+    short = [_stream(i, 1.0 * i, 0.010, 160) for i in range(4)]
     assert _after_prefills_s(short, 24) is None
+    # first tokens spread by client jitter (a fifth of the span): not an overlap
+    jitter = [_stream(i, 0.25 * i, 0.010, 400) for i in range(4)]
+    assert _after_prefills_s(jitter, 24) is None
     # first tokens together: the E2E difference, which bursts do not fool, is kept
     together = [_stream(i, 0.001 * i, 0.010, 64) for i in range(4)]
     assert _after_prefills_s(together, 24) is None
