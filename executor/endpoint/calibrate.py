@@ -107,11 +107,14 @@ def _runs(seqs: int, reps: int) -> int:
 
 def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float) -> float:
     """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
-    ITL (decode steps assumed to grow at most linearly with sequences up to 4×).
+    ITL (decode steps assumed to grow linearly with sequences, by a quarter step each; each
+    decode batch prefills its ``D`` prompts at the long prefill's speed per token).
     """
     prefill = reps * len(grid["prefill_tokens"]) * ttft_s
-    decode = sum(_runs(d, reps) * (1.25 * OUTPUT_TOKENS * itl_s * min(1 + d / 4, 4) + 2 * ttft_s)
-                 for d in grid["decode_seqs"] for _ in grid["decode_prompts"])
+    per_token_s = ttft_s / grid["prefill_tokens"][-1]
+    decode = sum(_runs(d, reps) * (1.25 * OUTPUT_TOKENS * itl_s * (1 + d / 4)
+                                   + 2 * max(ttft_s, d * p * per_token_s))
+                 for d in grid["decode_seqs"] for p in grid["decode_prompts"])
     chunked = reps * ttft_s * grid["chunked"][1] if grid["chunked"] else 0.0
     return prefill + decode + chunked + OUTPUT_TOKENS * 2 * itl_s * 2
 
