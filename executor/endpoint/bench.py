@@ -21,6 +21,7 @@ import gc
 import json
 import math
 import resource
+import secrets
 import signal
 import threading
 import time
@@ -52,13 +53,15 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "prefill_c
 
 def make_jobs(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, api: str,
               seed: int, token_ids: tuple[int, int], chat: ChatPrompts | None = None,
-              prompts: list[list[int]] | None = None) -> list[Job]:
+              prompts: list[list[int]] | None = None, salt: int = 0) -> list[Job]:
     """One job per request: token-id prompts of exactly the scenario's length, random unless
     ``prompts`` gives them (a hash-block trace's). Chat: a message of ``chat``'s one-token
     units, as many as the length less the chat template's overhead; without ``chat``, that
-    many words, whose count the server's tokenizer decides.
+    many words, whose count the server's tokenizer decides. ``salt`` (0: none) draws other
+    random ids from the same seed: a server's prefix cache keeps the prompts of earlier runs,
+    so repeats of one scenario must not send the same ones.
     """
-    rng = np.random.default_rng([seed, 29])
+    rng = np.random.default_rng([seed, 29, salt] if salt else [seed, 29])
     lo, hi = token_ids
     jobs = []
     for i, (t, p, o) in enumerate(zip(arrival_s, prompt, output, strict=True)):
@@ -218,7 +221,8 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
           model: str | None = None, overrides: list[str] | dict[str, Any] | None = None,
           max_concurrency: int | None = None, drain_timeout_s: float | None = None,
           request_timeout_s: float | None = None, token_ids: tuple[int, int] = (10, 250),
-          content_seed: int | None = None, handle_signals: bool = False, spin_s: float = 0.0,
+          content_seed: int | None = None, prompt_salt: int | None = None,
+          handle_signals: bool = False, spin_s: float = 0.0,
           on_done: Callable[[Outcome], None] | None = None,
           on_client: Callable[[OpenLoop], None] | None = None) -> LlmResult:
     """Measure ``endpoint`` on an LLM scenario's schedule.
@@ -236,6 +240,9 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
         token_ids: Prompt token ids are drawn from ``[lo, hi)``.
         content_seed: A hash-block trace's block contents are seeded by this (default: the
             scenario's seed); a new value makes every block new to the server's cache.
+        prompt_salt: Varies the random prompts' ids (:func:`make_jobs`); None: a fresh one
+            per run (recorded in ``meta.json``), so that no run finds the prompts of an
+            earlier one in the server's prefix cache; 0: the seed's own ids.
         handle_signals: SIGINT and SIGTERM stop the run; what was measured is kept.
         spin_s: The client's busy wait before each send (:class:`OpenLoop`'s ``spin_s``).
         on_done: Called after each request (the progress bar).
@@ -268,8 +275,9 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
     before = server_info.metrics(base)
     schedule, prompt, output = llm_schedule(scn)
     chat = chat_prompts.measure(url, model) if api == "openai-chat" else None
+    salt = secrets.randbits(31) if prompt_salt is None else int(prompt_salt)
     jobs = make_jobs(schedule.arrival_s, prompt, output, api, scn.seed, (lo, hi), chat,
-                     trace_prompts(scn, schedule.rows, prompt, (lo, hi), content_seed))
+                     trace_prompts(scn, schedule.rows, prompt, (lo, hi), content_seed), salt)
     horizon = horizon_s(scn, schedule.arrival_s)
     client = OpenLoop(url, api, model, jobs, deadline_s=horizon + drain,
                       max_concurrency=max_concurrency, request_timeout_s=request_timeout_s,
@@ -298,7 +306,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
                            "server_config": server_info.scheduling_config(before),
                            "server_metrics_before": before, "server_metrics_after": after,
                            "client_cpu_share": client.cpu_share,
-                           "max_concurrency": max_concurrency,
+                           "max_concurrency": max_concurrency, "prompt_salt": salt,
                            "request_timeout_s": request_timeout_s,
                            "prompt_token_ids": [lo, hi], "requests_planned": len(jobs),
                            "chat_template_tokens": chat.overhead_tokens if chat else None,

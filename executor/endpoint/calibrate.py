@@ -8,12 +8,20 @@ What is fitted (times as the client sees them):
 * decode steps: the time per extra output token of ``D`` concurrent streams at context ``L``
   (prompt + half the output) fits ``a + c·D + d·D·L``
   (:func:`executor.endpoint.probes.decode_itl_s`);
-* prefill steps: one-token requests' TTFT fits ``i + b·P``; the intercept less the decode
-  steps' base ``a`` is the per-request overhead ``request_ms`` (API, tokenisation, the first
-  token's return: BLIS's α); each prefill sample less it is a prefill-only step;
+* prefill steps: one-token requests' TTFT less the per-request overhead ``request_ms`` (API,
+  tokenisation, the first token's return: BLIS's α, outside the engine's steps). Where the
+  server reports its own prefill time (vLLM's ``request_prefill_time_seconds``: scheduled to
+  first token, stamped in the engine core) the overhead is the client's TTFT less it;
+  otherwise the intercept of a quadratic in ``P`` through the TTFTs less the decode steps'
+  base ``a`` (a straight line through long prompts' TTFT, which attention curves up, put the
+  intercept, and so the overhead, too low and every prefill step too long);
 * ``per_output_token_ms``: the client's mean ITL over the server's own (vLLM's
   ``inter_token_latency_seconds`` on ``/metrics``) at one running sequence; 0 where the server
   exposes none (then such costs stay inside the decode step times);
+* chunked prefill (where ``--max-num-batched-tokens`` splits the longest probe prompt): a
+  prompt of several full chunks; its prefill time over the chunks' count, against the chunk
+  alone, gives the cost of attending to the cached prefix (``e`` of
+  :attr:`calibration.step_profile.StepProfile.prefill_context_s`);
 * steps mixing a prefill with decodes: composed as prefill step + decode step − ``a``, and
   checked against the mixed probe (:func:`executor.endpoint.probes.mixed_step_s`; kept in
   ``meta.mixed_check``, not in the grid: a server streaming in bursts blurs it).
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,18 +47,27 @@ from executor.endpoint.client import APIS
 from executor.endpoint.server_info import EndpointError
 
 PREFILL_TOKENS = (16, 64, 256, 1024)
-DECODE_SEQS = (1, 2, 4, 8, 16)
-DECODE_PROMPTS = (32, 512)
+DECODE_SEQS = (1, 2, 4, 8, 16, 32)  # busy chunked servers run 20-30 decodes (linear model beyond)
+# contexts 64, 544 and 1,120: a 1,024-token prompt's decodes lie inside the grid (beyond its
+# longest context a step falls back to the linear model)
+DECODE_PROMPTS = (32, 512, 1088)
 OUTPUT_TOKENS = 64
+CHUNKS = 4  # chunks of the chunked-prefill probe's prompt
 MIN_REPS = 3
 SERVER_ITL = ("inter_token_latency_seconds", "time_per_output_token_seconds")
+# vLLM's engine-side time from scheduling a request to its first token (first_token_ts -
+# scheduled_ts, both stamped in the engine core): one prefill step when nothing else runs
+SERVER_PREFILL = ("request_prefill_time_seconds",)
 
 
-def _server_itl(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
-    """The server's mean ITL between two ``/metrics`` pages (None: not exposed)."""
+def _server_mean(before: dict[str, Any] | None, after: dict[str, Any] | None,
+                 names: tuple[str, ...]) -> float | None:
+    """The mean of the first of the server's histograms ``names`` that moved between two
+    ``/metrics`` pages (None: not exposed).
+    """
     if not before or not after:
         return None
-    for name in SERVER_ITL:
+    for name in names:
         s0, s1 = before["values"].get(f"{name}_sum"), after["values"].get(f"{name}_sum")
         c0, c1 = before["values"].get(f"{name}_count"), after["values"].get(f"{name}_count")
         if None not in (s0, s1, c0, c1) and c1 > c0:
@@ -59,8 +77,10 @@ def _server_itl(before: dict[str, Any] | None, after: dict[str, Any] | None) -> 
 
 def plan_grid(max_model_len: int, max_num_seqs: int | None,
               max_num_batched_tokens: int | None) -> dict[str, list[int]]:
-    """The probe grid within the server's limits."""
-    cap = max_model_len - 2
+    """The probe grid within the server's limits (``chunked``: chunk tokens and count of
+    the chunked-prefill probe, where the token budget splits long prompts; else empty).
+    """
+    cap = cap_len = max_model_len - 2
     if max_num_batched_tokens:
         cap = min(cap, max_num_batched_tokens)
     prefill = [p for p in PREFILL_TOKENS if p <= cap]
@@ -71,7 +91,14 @@ def plan_grid(max_model_len: int, max_num_seqs: int | None,
                             f"--max-num-seqs {max_num_seqs}, --max-num-batched-tokens "
                             f"{max_num_batched_tokens}) leave too few probe points: need "
                             "prompts of 64 tokens and 2 sequences at least")
-    return {"prefill_tokens": prefill, "decode_seqs": seqs, "decode_prompts": prompts}
+    grid = {"prefill_tokens": prefill, "decode_seqs": seqs, "decode_prompts": prompts,
+            "chunked": []}
+    if max_num_batched_tokens and 2 * max_num_batched_tokens <= min(PREFILL_TOKENS[-1], cap_len):
+        # a prompt of k full chunks: its later chunks attend to the cached earlier ones
+        k = min(CHUNKS, cap_len // max_num_batched_tokens, PREFILL_TOKENS[-1]
+                // max_num_batched_tokens)
+        grid["chunked"] = [max_num_batched_tokens, k]
+    return grid
 
 
 def _runs(seqs: int, reps: int) -> int:
@@ -81,12 +108,16 @@ def _runs(seqs: int, reps: int) -> int:
 
 def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float) -> float:
     """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
-    ITL (decode steps assumed to grow at most linearly with sequences up to 4×).
+    ITL (decode steps assumed to grow linearly with sequences, by a quarter step each; each
+    decode batch prefills its ``D`` prompts at the long prefill's speed per token).
     """
     prefill = reps * len(grid["prefill_tokens"]) * ttft_s
-    decode = sum(_runs(d, reps) * (1.25 * OUTPUT_TOKENS * itl_s * min(1 + d / 4, 4) + 2 * ttft_s)
-                 for d in grid["decode_seqs"] for _ in grid["decode_prompts"])
-    return prefill + decode + OUTPUT_TOKENS * 2 * itl_s * 2
+    per_token_s = ttft_s / grid["prefill_tokens"][-1]
+    decode = sum(_runs(d, reps) * (1.25 * OUTPUT_TOKENS * itl_s * (1 + d / 4)
+                                   + 2 * max(ttft_s, d * p * per_token_s))
+                 for d in grid["decode_seqs"] for p in grid["decode_prompts"])
+    chunked = reps * ttft_s * grid["chunked"][1] if grid["chunked"] else 0.0
+    return prefill + decode + chunked + OUTPUT_TOKENS * 2 * itl_s * 2
 
 
 def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = None,
@@ -130,13 +161,16 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
     knobs = server_info.scheduling_config(server_info.metrics(base))
     grid = plan_grid(max_len, max_num_seqs, max_num_batched_tokens)
     stopper = probes.Stopper()
-    target = probes.Target(url, model, np.random.default_rng([seed, 2929]), stopper=stopper)
+    # a fresh salt: a second calibration must not find the first one's prompts cached
+    salt = secrets.randbits(31)
+    target = probes.Target(url, model, np.random.default_rng([seed, 2929, salt]),
+                           stopper=stopper, max_model_len=max_len)
     ttft: dict[int, list[float]] = {}
     itl: dict[tuple[int, int], list[float]] = {}
     contexts = [p + OUTPUT_TOKENS // 2 for p in grid["decode_prompts"]]
     info: dict[str, Any] = {"endpoint": base, "model": model, "server_models": listed,
                             "server": knobs, "reps": reps, "budget_s": budget_s,
-                            "max_model_len": max_len}
+                            "max_model_len": max_len, "prompt_salt": salt}
     with stopper.installed():
         try:
             return _probe(target, grid, contexts, ttft, itl, info, t_start, Path(out),
@@ -173,9 +207,15 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
         f"tokens × {reps}; decode {grid['decode_seqs']} sequences at prompts "
         f"{grid['decode_prompts']} × {OUTPUT_TOKENS} output tokens; one mixed step probe "
         "(Ctrl-C or SIGTERM writes the points measured so far)")
+    engine: dict[int, float] = {}
     for p in grid["prefill_tokens"]:
+        before = server_info.metrics(base)
         ttft[p] = probes.prefill_ttft_s(target, p, reps)
-        say(f"prefill {p:5d} tokens: TTFT median {np.median(ttft[p]) * 1e3:.2f} ms")
+        inside = _server_mean(before, server_info.metrics(base), SERVER_PREFILL)
+        if inside is not None:
+            engine[p] = inside
+        say(f"prefill {p:5d} tokens: TTFT median {np.median(ttft[p]) * 1e3:.2f} ms"
+            + (f" (server's prefill step {inside * 1e3:.2f} ms)" if inside else ""))
     delta_s = 0.0
     for prompt, ctx in zip(grid["decode_prompts"], contexts, strict=True):
         for d in grid["decode_seqs"]:
@@ -187,14 +227,24 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
                                     "does not stream per token?)")
             itl[(d, ctx)] = samples
             if d == 1 and prompt == grid["decode_prompts"][0]:
-                server = _server_itl(before, server_info.metrics(base))
+                server = _server_mean(before, server_info.metrics(base), SERVER_ITL)
                 if server is not None:
                     delta_s = max(0.0, float(np.mean(itl[(d, ctx)])) - server)
                     info["delta_s"] = delta_s
             say(f"decode {d:3d} seqs at context {ctx}: ITL median "
                 f"{np.median(itl[(d, ctx)]) * 1e3:.2f} ms")
     info["delta_s"] = delta_s
-    profile, meta = _fit(grid, contexts, ttft, itl, delta_s)
+    profile, meta = _fit(grid, contexts, ttft, itl, delta_s, engine)
+    context_s: dict[str, list[float]] = {}
+    if grid["chunked"]:
+        context_s = _chunked(target, base, profile, grid["chunked"], reps,
+                             meta["overheads"]["request_ms"] / 1e3)
+        meta["chunked_probe"] = {"chunk_tokens": grid["chunked"][0],
+                                 "chunks": grid["chunked"][1], "samples_s": context_s}
+        say(f"chunked prefill ({grid['chunked'][1]} × {grid['chunked'][0]} tokens): "
+            f"{np.median(list(context_s.values())[-1]) * 1e3:.2f} ms per chunk at "
+            f"{list(context_s)[-1].split(',')[1]} tokens in, "
+            f"{profile.step_s(grid['chunked'][0], 0, 0) * 1e3:.2f} ms at none")
     mix_d = grid["decode_seqs"][min(2, len(grid["decode_seqs"]) - 1)]
     mix_p = grid["prefill_tokens"][min(2, len(grid["prefill_tokens"]) - 1)]
     mixed = probes.mixed_step_s(target, mix_d, grid["decode_prompts"][0], OUTPUT_TOKENS * 2,
@@ -210,13 +260,14 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
                            else None}
     info.pop("delta_s")
     meta.update({"method": "endpoint", **info, "wall_s": time.perf_counter() - t_start})
-    return _save(profile, meta, out, max_num_seqs, max_num_batched_tokens, say)
+    return _save(profile, meta, out, max_num_seqs, max_num_batched_tokens, say, context_s)
 
 
 def _save(profile: StepProfile, meta: dict[str, Any], out: Path, max_num_seqs: int | None,
-          max_num_batched_tokens: int | None, say: Callable[[str], None]) -> dict[str, Any]:
+          max_num_batched_tokens: int | None, say: Callable[[str], None],
+          context_s: dict[str, list[float]] | None = None) -> dict[str, Any]:
     final = StepProfile(profile.prefill_tokens, profile.decode_seqs, profile.context_tokens,
-                        profile.samples_s, meta=meta)
+                        profile.samples_s, meta=meta, prefill_context_s=context_s or {})
     path = final.save(out)
     fragment = write_fragment(path, meta, meta["server"], max_num_seqs,
                               max_num_batched_tokens)
@@ -264,10 +315,46 @@ def _write_partial(signame: str, grid: dict[str, list[int]], contexts: list[int]
     return _save(profile, meta, out, max_num_seqs, max_num_batched_tokens, say)
 
 
+def _chunked(target: probes.Target, base: str, profile: StepProfile, chunked: list[int],
+             reps: int, request_s: float) -> dict[str, list[float]]:
+    """Samples of one prefill chunk at its mean start (``"n,start"`` keys, as
+    :attr:`StepProfile.prefill_context_s` holds them), from prompts of ``k`` full chunks of
+    ``n`` tokens: the server's prefill time (else TTFT less the request overhead) over ``k``,
+    beside the profile's chunk at start 0. Chunk ``j`` starts at ``j·n``, so the mean chunk
+    starts at ``n·(k − 1)/2`` and the attention to the cached prefix is linear in it.
+    """
+    n, k = chunked
+    before = server_info.metrics(base)
+    ttft = probes.prefill_ttft_s(target, n * k, reps)
+    inside = _server_mean(before, server_info.metrics(base), SERVER_PREFILL)
+    totals = [inside] if inside is not None else [max(v - request_s, 1e-6) for v in ttft]
+    return {f"{n},0": [profile.step_s(n, 0, 0)],
+            f"{n},{n * (k - 1) // 2}": [t / k for t in totals]}
+
+
+def _request_s(ttft: dict[int, list[float]], engine: dict[int, float], base_s: float
+               ) -> tuple[float, str]:
+    """The per-request cost outside the steps, and how it was found: the client's TTFT less
+    the server's own prefill time where it reports one for every size; else the intercept of
+    TTFT over prompt length (a quadratic: attention makes long prompts' TTFT curve up, and a
+    straight line through them puts the intercept too low) less one decode step's base.
+    """
+    if engine and set(engine) == set(ttft):
+        gaps = [float(np.median(v)) - engine[p] for p, v in ttft.items()]
+        return max(0.0, float(np.median(gaps))), "client TTFT - server prefill time"
+    ps = np.asarray(list(ttft), float)
+    ys = np.asarray([np.median(v) for v in ttft.values()])
+    cols = [np.ones_like(ps), ps] + ([ps**2] if ps.size >= 4 else [])
+    coef, *_ = np.linalg.lstsq(np.column_stack(cols), ys, rcond=None)
+    return max(0.0, float(coef[0]) - base_s), "TTFT intercept - decode step base"
+
+
 def _fit(grid: dict[str, list[int]], contexts: list[int], ttft: dict[int, list[float]],
-         itl: dict[tuple[int, int], list[float]], delta_s: float
-         ) -> tuple[StepProfile, dict[str, Any]]:
-    """The profile's samples and the overheads from the probes' times."""
+         itl: dict[tuple[int, int], list[float]], delta_s: float,
+         engine: dict[int, float] | None = None) -> tuple[StepProfile, dict[str, Any]]:
+    """The profile's samples and the overheads from the probes' times (``engine``: the
+    server's own prefill time per prompt length, where it reports one).
+    """
     rows = [[1.0, d, d * ctx] for (d, ctx) in itl]
     ys = [float(np.median(v)) - delta_s for v in itl.values()]
     (a_s, c_s, d_s), *_ = np.linalg.lstsq(np.asarray(rows), np.asarray(ys), rcond=None)
@@ -275,8 +362,8 @@ def _fit(grid: dict[str, list[int]], contexts: list[int], ttft: dict[int, list[f
     (b_s, i_s), *_ = np.linalg.lstsq(np.column_stack([ps, np.ones_like(ps)]),
                                      np.asarray([np.median(v) for v in ttft.values()]),
                                      rcond=None)
-    request_s = max(0.0, float(i_s - a_s))
     base_s = max(float(a_s), 0.0)
+    request_s, how = _request_s(ttft, engine or {}, base_s)
     samples: dict[str, list[float]] = {}
     ctx0 = contexts[0]
     for p, values in ttft.items():
@@ -294,6 +381,8 @@ def _fit(grid: dict[str, list[int]], contexts: list[int], ttft: dict[int, list[f
                           contexts, samples)
     meta = {"overheads": {"request_ms": request_s * 1e3,
                           "per_output_token_ms": delta_s * 1e3},
+            "request_overhead_method": how,
+            "server_prefill_ms": {str(p): v * 1e3 for p, v in (engine or {}).items()},
             "endpoint_fit": {"decode_base_ms": a_s * 1e3, "ms_per_decode_seq": c_s * 1e3,
                              "ms_per_kv_token": d_s * 1e3, "ttft_intercept_ms": i_s * 1e3,
                              "ms_per_prefill_token": b_s * 1e3},

@@ -3,12 +3,14 @@ endpoint (``servelab calibrate --endpoint``), measure it with ``bench`` ``repeat
 and write the ``compare.json`` the live LLM compare writes (same rows:
 :func:`executor.compare.compare_rows` over :data:`executor.compare_llm.LLM_METRICS`).
 
-Around each run a short probe (a few one-token prefills, one sequence's decode stream)
-re-measures the server against the profile: its prefill and decode speed scales, geometric
-means of before and after, rescale the profile
-(:meth:`calibration.step_profile.StepProfile.rescaled`) for
-that run's prediction, and their change between before and after is the run's drift. The
-stored profile's prediction and error are kept beside.
+Around each run a short probe (one-token prefills of two lengths, decode streams of one and
+of eight sequences) re-measures the server against the profile: its prefill and decode speed
+scales per step size, geometric means of before and after (1 where that lies within their
+difference from each other: the probe's noise, not the server's drift), rescale the profile
+(:meth:`calibration.step_profile.StepProfile.rescaled`, interpolating between the probed
+sizes) for that run's prediction, and their largest change between before and after is the
+run's drift. One sequence's scale alone would rescale every decode step by the drift of its
+fixed costs. The stored profile's prediction and error are kept beside.
 
 ``sweep_endpoint`` does that at several target loads ρ (``compare --endpoint --sweep``).
 """
@@ -16,6 +18,7 @@ stored profile's prediction and error are kept beside.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,29 +41,63 @@ from sim.metrics.rundir import write_json
 from sim.metrics.window import default_drain_s
 from sim.scenario.llm import LlmProfileServiceCfg, LlmScenario, load_llm_scenario
 
-PROBE_PREFILL_TOKENS = 64
-PROBE_DECODE = (1, 32, 32)  # sequences, prompt tokens, output tokens
+PROBE_PREFILL_TOKENS = (64, 256)
+PROBE_DECODE_SEQS = (1, 8)
+# prompt and output tokens: calibrate --endpoint's decode probe (prompt 32, 64 outputs less
+# 16), so a probe times exactly what a grid point of the profile holds
+PROBE_DECODE = (32, 64)
 
 
 def probe_endpoint(target: probes.Target, profile: StepProfile, request_s: float,
                    per_token_s: float, reps: int = 3) -> dict[str, Any]:
-    """Measured over predicted: prefill (TTFT over the request overhead plus the profile's
-    prefill step: the overhead can dwarf a short prefill, so the whole is compared) and
-    decode (ITL over the profile's decode step plus the per-token overhead).
+    """Measured over predicted, per step size (a drift need not touch a short and a long
+    step alike, and one sequence's step is mostly fixed costs): prefill (TTFT over the
+    request overhead plus the profile's prefill step, at each of
+    :data:`PROBE_PREFILL_TOKENS` the profile's grid reaches: the overhead can dwarf a short
+    prefill, so the whole is compared) and decode (ITL over the profile's decode step plus
+    the per-token overhead, at each of :data:`PROBE_DECODE_SEQS` it reaches).
     """
-    ttft = float(np.median(probes.prefill_ttft_s(target, PROBE_PREFILL_TOKENS, reps)))
-    seqs, prompt, output = PROBE_DECODE
-    gaps = probes.decode_itl_s(target, seqs, prompt, output, runs=3)
-    if not gaps:
-        raise UserError("probe: the server streamed no separate tokens to time (all in one "
-                        "chunk?); use --probe off")
-    itl = float(np.median(gaps))
+    prompt, output = PROBE_DECODE
     ctx = prompt + output // 2
-    pre = profile.step_s(PROBE_PREFILL_TOKENS, 0, 0)
-    dec = profile.step_s(0, seqs, seqs * ctx)
-    return {"ttft_ms": ttft * 1e3, "itl_ms": itl * 1e3,
-            "prefill_scale": ttft / (request_s + pre),
-            "decode_scale": itl / (dec + per_token_s)}
+    prefill: dict[int, float] = {}
+    decode: dict[int, float] = {}
+    ttft_ms: dict[str, float] = {}
+    itl_ms: dict[str, float] = {}
+    for size in (p for p in PROBE_PREFILL_TOKENS if p <= max(profile.prefill_tokens)):
+        ttft = float(np.median(probes.prefill_ttft_s(target, size, reps)))
+        prefill[size] = ttft / (request_s + profile.step_s(size, 0, 0))
+        ttft_ms[str(size)] = ttft * 1e3
+    for seqs in (d for d in PROBE_DECODE_SEQS if d <= max(profile.decode_seqs)):
+        gaps = probes.decode_itl_s(target, seqs, prompt, output, runs=max(1, 3 // seqs))
+        if not gaps:
+            raise UserError("probe: the server streamed no separate tokens to time (all in "
+                            "one chunk?); use --probe off")
+        itl = float(np.median(gaps))
+        decode[seqs] = itl / (profile.step_s(0, seqs, seqs * ctx) + per_token_s)
+        itl_ms[str(seqs)] = itl * 1e3
+    return {"ttft_ms": ttft_ms, "itl_ms": itl_ms,
+            "prefill_scale": float(np.median(list(prefill.values()))),
+            "decode_scale": float(np.median(list(decode.values()))),
+            "prefill_scale_by_tokens": prefill, "decode_scale_by_seqs": decode}
+
+
+def _geomean(before: dict[int, float], after: dict[int, float]) -> dict[int, float]:
+    """Each size's scale: the geometric mean of before and after, where it differs from 1
+    by more than before and after differ from each other (the probe's own noise); else 1
+    (no evidence that the server's speed moved: rescaling by noise only adds error).
+    """
+    out = {}
+    for k in before:
+        scale, noise = math.sqrt(before[k] * after[k]), abs(after[k] / before[k] - 1)
+        out[k] = scale if abs(scale - 1) > noise else 1.0
+    return out
+
+
+def _drift(before: dict[str, Any], after: dict[str, Any]) -> float:
+    """The largest change of any probed size's scale between before and after."""
+    return float(max(abs(after[k][size] / before[k][size] - 1)
+                     for k in ("prefill_scale_by_tokens", "decode_scale_by_seqs")
+                     for size in before[k]))
 
 
 def _scenario(scenario: LlmScenario | dict[str, Any] | str | Path,
@@ -112,7 +149,9 @@ def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoi
     drain_s = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
     stored = sim.llm.run(scn, drain_timeout_s=drain_s)
     stored.write(out / "sim")
-    target = probes.Target(url, model, np.random.default_rng([scn.seed, 2930]))
+    # fresh probe prompts (an earlier compare's are in the server's prefix cache)
+    target = probes.Target(url, model, np.random.default_rng([scn.seed, 2930,
+                                                              secrets.randbits(31)]))
     lives, sims, probe_rows = [], [], []
     for i in range(1, repeats + 1):
         before = probe_endpoint(target, stored_profile, request_s, per_token_s) \
@@ -126,11 +165,14 @@ def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoi
             continue
         after = probe_endpoint(target, stored_profile, request_s, per_token_s)
         scales = {k: math.sqrt(before[k] * after[k]) for k in ("prefill_scale", "decode_scale")}
-        probe = {"before": before, "after": after, **scales,
-                 "drift": max(abs(after[k] / before[k] - 1) for k in scales)}
+        by_size = {k: _geomean(before[k], after[k])
+                   for k in ("prefill_scale_by_tokens", "decode_scale_by_seqs")}
+        probe = {"before": before, "after": after, **scales, **by_size,
+                 "drift": _drift(before, after)}
         write_json(run_dir / "probe.json", probe)
-        path = stored_profile.rescaled(scales["prefill_scale"],
-                                       scales["decode_scale"]).save(run_dir / "probed-profile.json")
+        path = stored_profile.rescaled(by_size["prefill_scale_by_tokens"],
+                                       by_size["decode_scale_by_seqs"]
+                                       ).save(run_dir / "probed-profile.json")
         predicted = sim.llm.run(scn, {"service.path": str(path)}, drain_timeout_s=drain_s)
         predicted.write(out / f"sim-{i}")
         sims.append(predicted.summary)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import threading
 from collections.abc import Iterator
@@ -26,6 +27,12 @@ import numpy as np
 from executor.endpoint.bench import _run, new_loop
 from executor.endpoint.client import Job, OpenLoop, Outcome
 from executor.endpoint.server_info import EndpointError
+
+MAX_EXTRA_TOKENS = 512  # the most a decode probe's long batch adds for overlapping prefills
+# first tokens spread over more than this share of a stream's decode span: prefills overlap
+# decodes (client jitter on a loaded machine stays well below; 16 long prompts under a
+# 256-token budget spread over several spans)
+OVERLAP = 0.5
 
 
 class ProbingStopped(Exception):  # noqa: N818 - a stop asked for, not an error
@@ -107,6 +114,7 @@ class Target:
     token_ids: tuple[int, int] = (10, 250)
     timeout_s: float = 60.0
     stopper: Stopper | None = None
+    max_model_len: int | None = None  # caps prompt + output of a probe request
 
     def prompt(self, n: int) -> list[int]:
         """``n`` fresh random token ids (no prefix shared with earlier probes)."""
@@ -158,6 +166,13 @@ def decode_itl_s(target: Target, seqs: int, prompt_tokens: int, output_tokens: i
     bursts a busy API server streams in after a stall (single gaps, or the span between a
     stream's chunks, mislead then: a whole stream can arrive in one read). One sample per
     stream and run (up to two more runs where noise left no positive one).
+
+    Where the streams' prefills overlap their decodes (long prompts under a small token
+    budget: the first token of the batch's last stream comes more than half a stream's decode
+    span after the first one's), the difference would count the steps that carried
+    other streams' prefill chunks; the long batch then asks for more tokens
+    (:func:`_overlap_tokens`) and each stream's time per token while all of them decode is
+    taken instead (:func:`_after_prefills_s`), where that window holds enough tokens.
     """
     short = max(2, output_tokens // 4)
     samples: list[float] = []
@@ -166,11 +181,53 @@ def decode_itl_s(target: Target, seqs: int, prompt_tokens: int, output_tokens: i
             break  # two more tries where a stall on the short batch hid every difference
         batch = [Job(i, 0.0, target.prompt(prompt_tokens), prompt_tokens, short)
                  for i in range(seqs)]
-        base_s = float(np.median(_e2e_s(send(target, batch))))
-        batch = [Job(i, 0.0, target.prompt(prompt_tokens), prompt_tokens, output_tokens)
+        outs = send(target, batch)
+        base_s = float(np.median(_e2e_s(outs)))
+        long = output_tokens + _overlap_tokens(outs, short)
+        if target.max_model_len is not None:
+            long = max(output_tokens, min(long, target.max_model_len - prompt_tokens))
+        batch = [Job(i, 0.0, target.prompt(prompt_tokens), prompt_tokens, long)
                  for i in range(seqs)]
-        samples += [(e - base_s) / (output_tokens - short) for e in _e2e_s(send(target, batch))]
+        outs = send(target, batch)
+        after = _after_prefills_s(outs, (output_tokens - short) // 2)
+        samples += after if after is not None else \
+            [(e - base_s) / (long - short) for e in _e2e_s(outs)]
     return [v for v in samples if v > 0]
+
+
+def _overlap_tokens(outs: list[Outcome], tokens: int) -> int:
+    """Extra output tokens for the long batch where the short one's first tokens spread
+    (prefills overlapping decodes): twice the tokens a stream got per that spread, so that
+    all the long batch's streams still decode together after the last prefill.
+    """
+    firsts = [o.chunk_s[0] for o in outs]
+    per_token = float(np.median([(o.chunk_s[-1] - o.chunk_s[0]) / max(tokens - 1, 1)
+                                 for o in outs]))
+    spread = max(firsts) - min(firsts)
+    if per_token <= 0 or spread <= OVERLAP * per_token * (tokens - 1):
+        return 0
+    return int(min(math.ceil(2 * spread / per_token), MAX_EXTRA_TOKENS))
+
+
+def _after_prefills_s(outs: list[Outcome], min_tokens: int) -> list[float] | None:
+    """Seconds per token of each stream while all of them decode (after the batch's last
+    first token, before its first last token), where the first tokens spread over more than
+    half the streams' median decode span (None: they do not, or fewer than
+    ``min_tokens`` came in that window).
+    """
+    firsts = [o.chunk_s[0] for o in outs]
+    spans = [o.chunk_s[-1] - o.chunk_s[0] for o in outs]
+    t0, t1 = max(firsts), min(o.chunk_s[-1] for o in outs)
+    if t0 - min(firsts) <= OVERLAP * float(np.median(spans)):
+        return None
+    samples = []
+    for o in outs:
+        t, n = np.asarray(o.chunk_s), np.cumsum(o.chunk_tokens)
+        a, b = int(np.searchsorted(t, t0)), int(np.searchsorted(t, t1, side="right")) - 1
+        if b <= a or n[b] - n[a] < min_tokens:
+            return None
+        samples.append(float((t[b] - t[a]) / (n[b] - n[a])))
+    return samples
 
 
 def mixed_step_s(target: Target, seqs: int, prompt_tokens: int, output_tokens: int,

@@ -5,6 +5,7 @@ and histogram sums such as ``vllm:time_to_first_token_seconds_sum``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.error
@@ -72,10 +73,13 @@ def models(base: str) -> dict[str, Any] | None:
 def parse_metrics(text: str) -> dict[str, Any]:
     """The ``vllm:`` samples of a Prometheus page: ``info`` (each ``*_info`` metric's labels)
     and ``values`` (each metric name's samples summed over their labels; histogram
-    ``_bucket`` lines left out).
+    ``_bucket`` lines left out of it) and ``buckets`` (each histogram's cumulative counts by
+    upper bound, ``le`` as written, summed over the other labels: e.g. vLLM's
+    ``iteration_tokens_total``, the tokens of each engine step).
     """
     info: dict[str, dict[str, str]] = {}
     values: dict[str, float] = {}
+    buckets: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -87,13 +91,18 @@ def parse_metrics(text: str) -> dict[str, Any]:
             info[name.removeprefix("vllm:")] = dict(LABEL.findall(labels))
             continue
         if name.endswith("_bucket"):
+            le = dict(LABEL.findall(labels)).get("le")
+            hist = buckets.setdefault(name.removeprefix("vllm:").removesuffix("_bucket"), {})
+            with contextlib.suppress(ValueError):
+                if le is not None:
+                    hist[le] = hist.get(le, 0.0) + float(value)
             continue
         try:
             values[name.removeprefix("vllm:")] = values.get(name.removeprefix("vllm:"), 0.0) \
                 + float(value)
         except ValueError:
             continue
-    return {"info": info, "values": values}
+    return {"info": info, "values": values, "buckets": buckets}
 
 
 def metrics(base: str) -> dict[str, Any] | None:

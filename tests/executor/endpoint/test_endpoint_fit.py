@@ -1,0 +1,148 @@
+"""The endpoint calibration's fit and the bench's prompts, without a server: fresh prompts
+per salt, histogram buckets from ``/metrics``, the per-request overhead from the server's own
+prefill time or a curved TTFT intercept, the chunked-prefill probe's plan and its fit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from calibration.step_profile import StepProfile
+from executor.endpoint.bench import make_jobs
+from executor.endpoint.calibrate import _fit, _request_s, plan_grid
+from executor.endpoint.client import Outcome
+from executor.endpoint.compare_endpoint import _geomean
+from executor.endpoint.probes import MAX_EXTRA_TOKENS, _after_prefills_s, _overlap_tokens
+from executor.endpoint.server_info import parse_metrics
+
+PAGE = """# HELP vllm:iteration_tokens_total Number of tokens per engine_step.
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="m"} 10.0
+vllm:iteration_tokens_total_bucket{engine="0",le="8.0",model_name="m"} 25.0
+vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="m"} 30.0
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 30.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 400.0
+vllm:iteration_tokens_total_bucket{engine="1",le="1.0",model_name="m"} 1.0
+"""
+
+
+def _jobs(salt: int) -> list[list[int]]:
+    arrival = np.arange(20, dtype=float)
+    prompt = np.full(20, 200)
+    jobs = make_jobs(arrival, prompt, np.full(20, 4), "openai-completions", 3, (10, 250), salt)
+    return [list(j.prompt) for j in jobs]  # type: ignore[arg-type]
+
+
+def test_a_salt_gives_other_prompts_of_the_same_lengths_and_zero_keeps_the_seeds() -> None:
+    plain, again, salted = _jobs(0), _jobs(0), _jobs(7)
+    assert plain == again  # the seed alone decides the ids
+    assert [len(p) for p in salted] == [len(p) for p in plain]
+    # no salted prompt shares its first 128-token block (vLLM CPU's block) with a plain one
+    heads = {tuple(p[:128]) for p in plain}
+    assert not any(tuple(p[:128]) in heads for p in salted)
+    assert _jobs(7) == salted  # a recorded salt reproduces the run's prompts
+
+
+def test_histogram_buckets_are_kept_by_bound_and_summed_over_engines() -> None:
+    page = parse_metrics(PAGE)
+    assert page["buckets"]["iteration_tokens_total"] == {"1.0": 11.0, "8.0": 25.0,
+                                                         "+Inf": 30.0}
+    assert page["values"]["iteration_tokens_total_sum"] == 400.0
+    assert "iteration_tokens_total_bucket" not in page["values"]
+
+
+def test_request_overhead_is_ttft_less_the_servers_prefill_time() -> None:
+    ttft = {16: [0.021, 0.020, 0.022], 64: [0.026, 0.025], 256: [0.052]}
+    engine = {16: 0.013, 64: 0.018, 256: 0.044}
+    request_s, how = _request_s(ttft, engine, base_s=0.004)
+    assert request_s == pytest.approx(0.008)
+    assert "server prefill" in how
+    # a size the server did not report: the intercept instead
+    _, how = _request_s(ttft, {16: 0.013}, base_s=0.004)
+    assert "intercept" in how
+
+
+def test_without_server_times_a_curved_ttft_gives_the_true_intercept() -> None:
+    # TTFT = 10 ms + 0.1 ms/token + attention's 1e-4 ms/token²: a straight line through the
+    # four points would put the intercept near 1 ms, the quadratic finds 10 ms
+    sizes = (16, 64, 256, 1024)
+    ttft = {p: [0.010 + 1e-4 * p + 1e-7 * p * p] for p in sizes}
+    request_s, _ = _request_s(ttft, {}, base_s=0.003)
+    assert request_s == pytest.approx(0.007, abs=1e-6)
+    line = np.polyfit(np.asarray(sizes, float), [v[0] for v in ttft.values()], 1)
+    assert line[1] < 0.005  # what the straight line (the old fit) gave
+
+
+def test_the_fit_subtracts_the_overhead_from_each_prefill_sample() -> None:
+    grid = {"prefill_tokens": [16, 64], "decode_seqs": [1, 2], "decode_prompts": [32],
+            "chunked": []}
+    ttft = {16: [0.020, 0.022], 64: [0.030]}
+    itl = {(1, 64): [0.004], (2, 64): [0.005]}
+    profile, meta = _fit(grid, [64], ttft, itl, 0.0, {16: 0.012, 64: 0.021})
+    request_ms = meta["overheads"]["request_ms"]
+    assert request_ms == pytest.approx(9.0)  # median of 21 − 12 and 30 − 21 ms
+    assert profile.step_s(16, 0, 0) == pytest.approx(0.021 - 0.009)
+    assert meta["server_prefill_ms"] == {"16": pytest.approx(12.0), "64": pytest.approx(21.0)}
+
+
+def test_a_small_token_budget_plans_a_chunked_prefill_probe() -> None:
+    assert plan_grid(4096, 64, 256)["chunked"] == [256, 4]
+    assert plan_grid(4096, 64, 512)["chunked"] == [512, 2]
+    assert plan_grid(4096, 64, 2048)["chunked"] == []  # 1,024-token prompts fit one step
+    assert plan_grid(4096, 64, None)["chunked"] == []
+    assert plan_grid(600, 64, 256)["chunked"] == [256, 2]  # the context allows two chunks
+
+
+def test_chunk_samples_at_their_mean_start_give_the_prefix_attention_cost() -> None:
+    # four chunks of 256: 40 ms each alone, 49.6 ms on average with the prefix cached
+    samples = {"16,0,64": [0.01], "256,0,64": [0.04], "0,1,64": [0.004]}
+    profile = StepProfile([0, 16, 256], [0, 1], [64], samples,
+                          prefill_context_s={"256,0": [0.040], "256,384": [0.0496]})
+    e_ms = profile.fit["e_ms_per_prefill_context"]
+    assert e_ms == pytest.approx(9.6 / (256 * 384))
+    # the whole prompt: Σ chunks = 4 × 40 ms + e × 256 × (0 + 256 + 512 + 768)
+    total = sum(profile.step_s(256, 0, 0, 256 * start) for start in (0, 256, 512, 768))
+    assert total == pytest.approx(4 * 0.0496)
+
+
+def _stream(index: int, first_s: float, step_s: float, tokens: int) -> Outcome:
+    times = [first_s + k * step_s for k in range(tokens)]
+    return Outcome(index, 0.0, 0.0, 0.0, chunk_s=times, chunk_tokens=[1] * tokens,
+                   status="ok")
+
+
+def test_decodes_overlapping_prefills_are_timed_while_all_streams_decode() -> None:
+    # four streams whose prefills end 1 s apart (long prompts, a small token budget); from
+    # the last first token on, all four decode at 10 ms a token
+    outs = [_stream(i, 1.0 * i, 0.010, 400) for i in range(4)]
+    assert _after_prefills_s(outs, 24) == pytest.approx([0.010] * 4)
+    # too few tokens while all decode: no answer (the E2E difference is used)
+    short = [_stream(i, 1.0 * i, 0.010, 160) for i in range(4)]
+    assert _after_prefills_s(short, 24) is None
+    # first tokens spread by client jitter (a fifth of the span): not an overlap
+    jitter = [_stream(i, 0.25 * i, 0.010, 400) for i in range(4)]
+    assert _after_prefills_s(jitter, 24) is None
+    # first tokens together: the E2E difference, which bursts do not fool, is kept
+    together = [_stream(i, 0.001 * i, 0.010, 64) for i in range(4)]
+    assert _after_prefills_s(together, 24) is None
+
+
+def test_the_long_batch_asks_for_enough_tokens_to_outlast_the_prefills() -> None:
+    spread = [_stream(i, 0.3 * i, 0.010, 16) for i in range(4)]  # 0.9 s of prefills
+    extra = _overlap_tokens(spread, 16)
+    assert extra == 180  # twice the 90 tokens a stream gets in 0.9 s
+    assert _overlap_tokens([_stream(i, 0.0, 0.010, 16) for i in range(4)], 16) == 0
+    wide = [_stream(i, 30.0 * i, 0.010, 16) for i in range(4)]
+    assert _overlap_tokens(wide, 16) == MAX_EXTRA_TOKENS
+
+
+def test_a_probe_scale_within_the_probes_own_noise_stays_one() -> None:
+    before = {1: 0.85, 8: 1.30, 64: 1.02}
+    after = {1: 0.95, 8: 1.34, 64: 1.20}
+    scales = _geomean(before, after)
+    assert scales[1] == 1.0  # mean 0.90, but before and after differ by 12%: noise
+    assert scales[8] == pytest.approx(math.sqrt(1.30 * 1.34))  # slower on both sides: drift
+    assert scales[64] == 1.0
