@@ -32,7 +32,8 @@ vllm:iteration_tokens_total_bucket{engine="1",le="1.0",model_name="m"} 1.0
 def _jobs(salt: int) -> list[list[int]]:
     arrival = np.arange(20, dtype=float)
     prompt = np.full(20, 200)
-    jobs = make_jobs(arrival, prompt, np.full(20, 4), "openai-completions", 3, (10, 250), salt)
+    jobs = make_jobs(arrival, prompt, np.full(20, 4), "openai-completions", 3, (10, 250),
+                     salt=salt)
     return [list(j.prompt) for j in jobs]  # type: ignore[arg-type]
 
 
