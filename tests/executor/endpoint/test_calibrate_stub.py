@@ -28,6 +28,7 @@ from executor.endpoint.compare_endpoint import compare_endpoint
 from tests.executor.endpoint.conftest import REPO, env, signal_mid_run, write_scenario
 
 TTFT_MS, ITL_MS = 60.0, 10.0
+CLIENT_MS_PER_EVENT = 0.02  # the client's cost per streamed token event (see below)
 MODEL = f"timed:{TTFT_MS:g}:{ITL_MS:g}"
 CLIENT_MS = 20.0  # the most the client + HTTP path may add to a TTFT on a busy machine
 
@@ -72,7 +73,12 @@ def test_calibrate_recovers_the_stubs_step_times(profile_path: Path, stub_url: s
     y = np.array([v for *_, v in cells]) * 1e3
     se, _ = _ols_se(x, y)
     assert fit["decode_base_ms"] == pytest.approx(ITL_MS, abs=3 * se[0])
-    assert abs(fit["ms_per_decode_seq"]) <= 3 * se[1] + 1e-9
+    # plus what the client itself adds per stream: each running sequence is one more SSE
+    # event per step that the client parses before the next one is timed (0.11-0.14 ms of
+    # CPU per streamed request of 8 events in benchmarks/results/bench_client.md: at most
+    # 0.02 ms per event); with decode grids up to 32 sequences that slope shows (0.0034 ms
+    # per sequence measured once against 3 standard errors of 0.0023)
+    assert abs(fit["ms_per_decode_seq"]) <= 3 * se[1] + CLIENT_MS_PER_EVENT
     assert abs(fit["ms_per_kv_token"]) <= 3 * se[2] + 1e-12
     # TTFT = request overhead + prefill step: the stub's 60 ms plus what the client path and
     # the stub's wake-up add, which grows with the prompt sent (the JSON of the token ids)
