@@ -10,18 +10,15 @@ MiniLM weights package (without its sentence-transformers dependency, as for Ray
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from executor.endpoint import venvs
 from executor.endpoint.servers import free_port
 from executor.endpoint.venvs import Say, ServerEnv, ServerError, ensure_env, run_step, servers_dir
 
@@ -55,13 +52,6 @@ def ensure_kserve(root: Path | None = None, progress: Say | None = None) -> Serv
                _install_kserve, progress)
     return env
 
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 @dataclass
@@ -121,7 +111,7 @@ class KServeServer:
                 raise ServerError(f"the KServe server exited with code {self.proc.returncode} "
                                   f"during start-up: {self._last_line()} (log: "
                                   f"{self.log_path})")
-            if _ready(ready):
+            if venvs.answers_ok(ready):
                 self.started_s = time.monotonic() - t0
                 return self
             time.sleep(0.5)
@@ -142,17 +132,7 @@ class KServeServer:
         """SIGTERM to the server's process group (KServe stops its REST server and unloads
         the model), then SIGKILL after ``grace_s``.
         """
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        venvs.stop_group(self.proc, grace_s)
 
     def __enter__(self) -> KServeServer:
         return self.start() if self.proc is None else self

@@ -26,12 +26,11 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from executor.endpoint import venvs
 from executor.endpoint.servers import free_port
 from executor.endpoint.venvs import Say, ServerEnv, ServerError, ensure_env, run_step, servers_dir
 
@@ -69,13 +68,6 @@ def ensure_ray(root: Path | None = None, progress: Say | None = None) -> ServerE
                progress)
     return env
 
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 @dataclass
@@ -151,7 +143,7 @@ class RayServeApp:
                 raise ServerError(f"the Ray Serve application exited with code "
                                   f"{self.proc.returncode} during start-up: {last} (log: "
                                   f"{self.log_path})")
-            if self._logged(READY_LINE) and _answers(f"{self.url}/v2/health/ready"):
+            if self._logged(READY_LINE) and venvs.answers_ok(f"{self.url}/v2/health/ready"):
                 self.started_s = time.monotonic() - t0
                 return self
             time.sleep(0.5)

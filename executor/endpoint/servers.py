@@ -15,9 +15,7 @@ install learnt the hard way:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -187,17 +185,7 @@ class VllmServer:
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop the server's process group: SIGTERM, then SIGKILL after ``grace_s``."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        venvs.stop_group(self.proc, grace_s)
 
     def __enter__(self) -> VllmServer:
         return self.start() if self.proc is None else self

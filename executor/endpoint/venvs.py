@@ -130,3 +130,31 @@ def ensure_env(env: ServerEnv, name: str, title: str, steps: Steps,
         (env.root / MARKER).write_text(json.dumps(
             {**extra, "install_s": round(time.monotonic() - t0, 1)}))
         say(f"servelab: {name} environment ready in {time.monotonic() - t0:.0f} s")
+
+
+def answers_ok(url: str) -> bool:
+    """Whether ``url`` answers 200 within 2 s (a server's readiness check)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def stop_group(proc: subprocess.Popen[Any] | None, grace_s: float) -> None:
+    """Stop a server's process group: SIGTERM, then SIGKILL after ``grace_s``."""
+    import signal
+
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
