@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +46,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_main_module() -> Iterator[None]:
+    """Give every test the real ``__main__`` back afterwards.
+
+    Streamlit's script runner (the dashboard tests, and the Verify page run at the end of
+    ``test_llm_live.py``'s sweep test) installs its page module as ``sys.modules["__main__"]``
+    and never puts the real one back. multiprocessing's spawn re-runs ``__main__``'s file in
+    each child, so a later test that spawns workers (dask's LocalCluster) re-ran the page
+    there and failed ("Nanny failed to start worker process").
+    """
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main
