@@ -378,10 +378,12 @@ def step_composition(steps: pd.DataFrame) -> go.Figure:
     step time.
     """
     # steps of the same composition draw on one spot: one marker each, coloured by their
-    # mean time (10,000 steps are a few hundred distinct compositions)
+    # mean time (10,000 steps are a few hundred distinct compositions). SVG, not WebGL: a
+    # WebGL context costs a browser without a GPU (software GL) far more to set up than a
+    # few hundred SVG markers take to draw
     same = steps.assign(step_ms=steps["duration_s"] * 1e3).groupby(
         ["decode_seqs", "prefill_tokens"], as_index=False)["step_ms"].mean()
-    fig = go.Figure(go.Scattergl(
+    fig = go.Figure(go.Scatter(
         x=same["decode_seqs"], y=same["prefill_tokens"], mode="markers",
         marker={"size": 5, "color": same["step_ms"], "colorscale": "Viridis",
                 "colorbar": {"title": "step ms"}, "opacity": 0.6},

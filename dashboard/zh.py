@@ -282,6 +282,25 @@ ZH: dict[str, str] = {
     'TTFT CDF, sim vs live': 'TTFT 累积分布：模拟与实测',
     'target (Ray Serve)': '目标进行中请求数（Ray Serve）',
     'concurrency, scale to zero (Knative)': '并发，可缩容到零（Knative）',
+    # the figure tabs of Explore and the LLM page (only the open tab runs)
+    "latency": "延迟", "over time": "随时间变化", "batches and replicas": "批与副本",
+    "Only the open tab's figures are drawn, so a knob move answers quickly; opening a tab "
+    "draws its figures for the current settings.":
+        "只绘制当前打开的标签页中的图，因此调整参数后很快就有结果；打开一个标签页会按当前设置"
+        "绘制其中的图。",
+    "this scheduler": "当前调度器", "compare schedulers": "对比调度器", "load sweep": "负载扫描",
+    "Only the open tab runs: the default tab needs the first scheduler's run alone, so a knob "
+    "move answers within a second; 'compare schedulers' adds one run per other scheduler and "
+    "'load sweep' one per scheduler and load factor, for every knob move while it is open "
+    "(cached: settings seen before answer at once).":
+        "只有打开的标签页会运行：默认标签页只需第一个调度器的一次模拟，因此调整参数后一秒内就有"
+        "结果；打开“对比调度器”时，每调整一次参数，其余每个调度器各多模拟一次；打开“负载扫描”"
+        "时，每个调度器的每个负载倍数各多模拟一次（有缓存：见过的设置会立即给出结果）。",
+    "The {n} chosen schedulers on the same requests.": "所选的 {n} 个调度器处理相同的请求。",
+    "Each factor is one more run per scheduler (about 0.2–0.5 s each on one core): while this "
+    "tab is open, a knob move takes a few seconds.":
+        "每个倍数意味着每个调度器多模拟一次（单核上每次约 0.2–0.5 秒）：此标签页打开时，调整"
+        "一次参数需要几秒钟。",
 }
 
 # Labels with a number in them (regular expression -> Chinese with the groups in order).

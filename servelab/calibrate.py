@@ -127,8 +127,20 @@ def show(profile: LatencyProfile, console: Console, title: str | None = None) ->
 
 def show_profile(ref: str, console: Console) -> None:
     """``servelab profile show``: a request-level profile, or an LLM step profile."""
+    from calibration.profile import builtin_profiles
+    from calibration.step_profile import builtin_step_profiles
     from calibration.step_show import is_step_profile, show_step_profile
+    from sim.scenario.schema import builtin_scenarios
 
+    name = ref.removeprefix("builtin:")
+    known = [*builtin_profiles(), *builtin_step_profiles()]
+    profiles = ", ".join(f"builtin:{n}" for n in known)
+    if ref.startswith("builtin:") and name in builtin_scenarios():
+        raise UserError(f"{ref} is a scenario, not a profile: `servelab simulate {ref}` runs "
+                        f"it; profile show takes a profile: {profiles}")
+    if ref.startswith("builtin:") and name not in known:
+        raise UserError(f"profile show: unknown builtin profile {name!r}; available: "
+                        f"{profiles}")
     if is_step_profile(ref):
         show_step_profile(ref, console)
         return

@@ -19,6 +19,7 @@ import sim
 from servelab import __version__
 from servelab.cli import app
 from servelab.starter import KINDS
+from sim.scenario.schema import builtin_scenarios
 
 RUNNER = CliRunner()
 
@@ -105,6 +106,17 @@ def test_profile_show_knows_every_builtin_that_scenarios_lists() -> None:
         done = RUNNER.invoke(app, ["profile", "show", name], terminal_width=80)
         assert done.exit_code == 0, (name, done.output)
         assert "…" not in done.output, (name, done.output)  # no number is cut off
+
+
+def test_profile_show_of_a_scenario_name_says_it_is_a_scenario() -> None:
+    for name in [f"builtin:{n}" for n in builtin_scenarios()] + ["builtin:nope"]:
+        done = RUNNER.invoke(app, ["profile", "show", name], terminal_width=300)
+        assert done.exit_code != 0, (name, done.output)
+        line = done.output.strip()
+        assert "\n" not in line and "Traceback" not in line, line
+        assert "builtin:llm-small-cpu" in line and "builtin:minilm-cpu" in line, line
+        if name != "builtin:nope":
+            assert "is a scenario" in line and f"servelab simulate {name}" in line, line
 
 
 def test_replicas_writes_its_answer(tmp_path: Path) -> None:

@@ -19,6 +19,11 @@ DEFAULT_CLASSES = [
     {"name": "batch", "share": 0.8, "priority": 1, "slo_ms": 1000.0},
 ]
 
+# The figures sit in tabs; only the open one is computed and drawn (a knob move stays fast).
+TABS = ["latency", "over time", "batches and replicas"]
+TABS_NOTE = ("Only the open tab's figures are drawn, so a knob move answers quickly; "
+             "opening a tab draws its figures for the current settings.")
+
 st.title(t("Explore"))
 st.caption(t("Pick a profile, arrivals and a policy; everything re-simulates as you move a knob."))
 
@@ -132,14 +137,21 @@ with right:
             st.dataframe(frame(figures.class_table(s, scenario.get("classes", []))),
                          hide_index=True)
         runs = {"this scenario": result}
-        a, b = st.columns(2)
-        chart(figures.latency_cdf(runs), a)
-        chart(figures.percentile_bars(runs), b)
-        chart(figures.latency_and_replicas(runs))
-        chart(figures.queue_over_time(result))
-        a, b, c = st.columns(3)
-        chart(figures.batch_histogram(result), a)
-        chart(figures.replica_utilization(result), b)
-        chart(figures.latency_split(result), c)
+        # Lazy tabs (on_change="rerun"): only the open tab's figures are built and drawn, so a
+        # knob move redraws two figures, not seven (benchmarks/dashboard_speed.py).
+        tabs = st.tabs([t(name) for name in TABS], key="explore-tab", on_change="rerun")
+        if tabs[0].open is not False:
+            a, b = tabs[0].columns(2)
+            chart(figures.latency_cdf(runs), a)
+            chart(figures.percentile_bars(runs), b)
+        if tabs[1].open:
+            chart(figures.latency_and_replicas(runs), tabs[1])
+            chart(figures.queue_over_time(result), tabs[1])
+        if tabs[2].open:
+            a, b, c = tabs[2].columns(3)
+            chart(figures.batch_histogram(result), a)
+            chart(figures.replica_utilization(result), b)
+            chart(figures.latency_split(result), c)
+        st.caption(t(TABS_NOTE))
         st.download_button(t("download this scenario (YAML)"), result.scenario.to_yaml(),
                            file_name="scenario.yaml", mime="application/x-yaml")

@@ -25,13 +25,24 @@ HORIZON_NOTE = ("Simulated on {n} requests: the percentiles are estimates, with 
                 "order-statistic interval under each card (it treats requests as "
                 "independent; queueing correlates them, so the real spread is wider). Raise "
                 "'requests' for tighter numbers.")
-# Incremental refinement: a knob move first shows the cards of the first FIRST_REQUESTS
-# requests (a third of the default run's time), then replaces them with the full run's.
+# Incremental refinement: with more requests than the default, a knob move first shows the
+# cards of the first FIRST_REQUESTS requests, then replaces them with the full run's. At the
+# default the full run alone is faster to the settled page (one render of the cards, not two)
 FIRST_REQUESTS = 100
 FIRST_NOTE = ("First estimate from the first {first} requests only (the run starts with an "
               "empty queue, so under heavy load it reads low); refining on {n} requests…")
 SWEEP_NOTE = ("Offered load around {rate:.2f} req/s × the factors. × marks the knee; "
               "hollow red-edged markers are unstable runs.")
+
+# The figures, the other schedulers and the load sweep sit in tabs; only the open one runs.
+TABS = ["this scheduler", "compare schedulers", "load sweep"]
+TABS_NOTE = ("Only the open tab runs: the default tab needs the first scheduler's run alone, "
+             "so a knob move answers within a second; 'compare schedulers' adds one run per "
+             "other scheduler and 'load sweep' one per scheduler and load factor, for every "
+             "knob move while it is open (cached: settings seen before answer at once).")
+COMPARE_NOTE = "The {n} chosen schedulers on the same requests."
+SWEEP_COST_NOTE = ("Each factor is one more run per scheduler (about 0.2–0.5 s each on one "
+                   "core): while this tab is open, a knob move takes a few seconds.")
 
 st.title(t("LLM serving"))
 st.caption(t("Continuous batching simulated step by step: token budgets, a paged KV cache, "
@@ -148,39 +159,9 @@ def cards_of(result: Any, note: str) -> None:
     st.caption(note)
 
 
-with right:
-    if len(chosen) < 1:
-        st.info(t("Pick at least one scheduler."))
-        st.stop()
-    first_name = chosen[0]
-    st.markdown(f"**{t(first_name)}**")
-    board = st.empty()  # the cards: a first estimate, then the full run in the same place
-    full = scenario(SCHEDULERS[first_name])
-    done = st.session_state.setdefault("llm-done", set())
-    key = json.dumps(full, sort_keys=True)
-    if n_requests > FIRST_REQUESTS and key not in done:
-        quick = scenario(SCHEDULERS[first_name])
-        quick["workload"] = dict(quick["workload"], n_requests=FIRST_REQUESTS)
-        early = run_llm_scenario(quick)
-        if early is not None:
-            with board.container():
-                cards_of(early, t(FIRST_NOTE).format(first=FIRST_REQUESTS, n=n_requests))
-    first = run_llm_scenario(full)
-    if first is None:
-        st.stop()
-    done.add(key)
-    with board.container():
-        cards_of(first, t(HORIZON_NOTE).format(n=n_requests))
-    s = first.summary
-    if s["stability"]["verdict"] != "stable":
-        st.warning(f"{t('This run is')} {t(s['stability']['verdict'])}: "
-                   f"{s['stability']['reason']}", icon="⚠️")
-    results = {first_name: first}
-    for name in chosen[1:]:
-        result = run_llm_scenario(scenario(SCHEDULERS[name]))
-        if result is not None:
-            results[name] = result
-    table = pd.DataFrame([{
+def compare_table(results: dict[str, Any]) -> pd.DataFrame:
+    """One row per scheduler: its percentiles, throughput, goodput and verdict."""
+    return pd.DataFrame([{
         "scheduler": name, "TTFT P50 (ms)": round(r.summary["ttft_ms"]["p50"], 1),
         "TTFT P99 (ms)": round(r.summary["ttft_ms"]["p99"], 1),
         "TPOT P50 (ms)": round(r.summary["tpot_ms"]["p50"], 2),
@@ -190,11 +171,11 @@ with right:
         "preemptions": r.summary["preemptions"],
         "KV util (mean)": round(r.summary["kv_cache_utilization"]["mean"] or 0.0, 3),
         "verdict": r.summary["stability"]["verdict"]} for name, r in results.items()])
-    st.dataframe(frame(table), hide_index=True)
-    a, b = st.columns(2)
-    chart(figures.kv_and_running(first.steps, first.meta.get("num_gpu_blocks")), a)
-    chart(figures.step_composition(first.steps), b)
-    st.subheader(t("over a load sweep"))
+
+
+def load_sweep(results: dict[str, Any], rate: float) -> None:
+    """TTFT/TPOT of every scheduler in ``results`` over the chosen load factors."""
+    st.caption(t(SWEEP_COST_NOTE))
     factors = st.multiselect(t("load sweep (× the load above)"),
                              [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
                              default=[0.25, 0.5, 1.0, 1.5, 2.0], key="llm-factors")
@@ -213,6 +194,54 @@ with right:
                          "verdict": r.summary["stability"]["verdict"]})
     if rows:
         chart(figures.llm_load_curves(pd.DataFrame(rows)))
-        st.caption(t(SWEEP_NOTE).format(rate=base_rate))
+        st.caption(t(SWEEP_NOTE).format(rate=rate))
 
+
+with right:
+    if len(chosen) < 1:
+        st.info(t("Pick at least one scheduler."))
+        st.stop()
+    first_name = chosen[0]
+    st.markdown(f"**{t(first_name)}**")
+    board = st.empty()  # the cards: a first estimate, then the full run in the same place
+    full = scenario(SCHEDULERS[first_name])
+    done = st.session_state.setdefault("llm-done", set())
+    key = json.dumps(full, sort_keys=True)
+    if n_requests > DEFAULT_REQUESTS and key not in done:
+        quick = scenario(SCHEDULERS[first_name])
+        quick["workload"] = dict(quick["workload"], n_requests=FIRST_REQUESTS)
+        early = run_llm_scenario(quick)
+        if early is not None:
+            with board.container():
+                cards_of(early, t(FIRST_NOTE).format(first=FIRST_REQUESTS, n=n_requests))
+    first = run_llm_scenario(full)
+    if first is None:
+        st.stop()
+    done.add(key)
+    with board.container():
+        cards_of(first, t(HORIZON_NOTE).format(n=n_requests))
+    s = first.summary
+    if s["stability"]["verdict"] != "stable":
+        st.warning(f"{t('This run is')} {t(s['stability']['verdict'])}: "
+                   f"{s['stability']['reason']}", icon="⚠️")
+    # Lazy tabs (on_change="rerun"): the other schedulers and the load sweep run only while
+    # their tab is open, so a knob move on the default tab costs one scheduler's run.
+    tabs = st.tabs([t(name) for name in TABS], key="llm-tab", on_change="rerun")
+    if tabs[0].open is not False:
+        a, b = tabs[0].columns(2)
+        chart(figures.kv_and_running(first.steps, first.meta.get("num_gpu_blocks")), a)
+        chart(figures.step_composition(first.steps), b)
+    results = {first_name: first}
+    if tabs[1].open or tabs[2].open:
+        for name in chosen[1:]:
+            result = run_llm_scenario(scenario(SCHEDULERS[name]))
+            if result is not None:
+                results[name] = result
+    if tabs[1].open:
+        tabs[1].caption(t(COMPARE_NOTE).format(n=len(chosen)))
+        tabs[1].dataframe(frame(compare_table(results)), hide_index=True)
+    if tabs[2].open:
+        with tabs[2]:
+            load_sweep(results, base_rate)
+    st.caption(t(TABS_NOTE))
 prefix_cache_view.render()

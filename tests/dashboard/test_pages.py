@@ -29,12 +29,23 @@ def test_explore_reacts_to_the_rate() -> None:
     at = page("explore")
     before = metrics(at)
     assert float(before["throughput (req/s)"]) > 0 and "P99 latency" in before
-    assert len(at.get("plotly_chart")) == 7
+    assert len(at.get("plotly_chart")) == 2  # only the open tab's figures are built
     at.number_input(key="explore-rate").set_value(55.0).run()
     assert not at.exception
     after = metrics(at)
     assert after["throughput (req/s)"] != before["throughput (req/s)"]
     assert after["P99 latency"] != before["P99 latency"]
+
+
+def test_explore_tabs_build_their_figures_only_when_open() -> None:
+    at = page("explore")
+    assert [tab.label for tab in at.get("tab")] == ["latency", "over time",
+                                                    "batches and replicas"]
+    for label, charts in (("over time", 2), ("batches and replicas", 3), ("latency", 2)):
+        at.session_state["explore-tab"] = label  # what a click on the tab does
+        at.run()
+        assert not at.exception
+        assert len(at.get("plotly_chart")) == charts, label
 
 
 def test_explore_shows_bad_settings_in_the_page() -> None:
@@ -113,13 +124,25 @@ def test_explore_shows_request_classes_and_priority_helps_the_urgent_class() -> 
 
 def test_llm_page_compares_schedulers_and_reacts_to_the_load() -> None:
     at = page("llm")
+    # the default tab runs the first scheduler only: no comparison table, no sweep
+    assert len(at.dataframe) == 0 and len(at.get("plotly_chart")) == 2
+    assert [tab.label for tab in at.get("tab")] == ["this scheduler", "compare schedulers",
+                                                    "load sweep"]
+    at.session_state["llm-tab"] = "compare schedulers"  # what a click on the tab does
+    at.run()
+    assert not at.exception
     table = at.dataframe[0].value
     assert list(table["scheduler"]) == ["vllm, chunked prefill (512)", "static (batch 8)"]
     # continuous batching beats request-level batching on the trace's mixed output lengths
     by = table.set_index("scheduler")
     assert by.loc["vllm, chunked prefill (512)", "TTFT P99 (ms)"] < by.loc[
         "static (batch 8)", "TTFT P99 (ms)"]
-    assert len(at.get("plotly_chart")) == 3
+    assert len(at.get("plotly_chart")) == 0
+    at.session_state["llm-tab"] = "load sweep"
+    at.run()
+    assert not at.exception and len(at.get("plotly_chart")) == 1 and len(at.dataframe) == 0
+    at.session_state["llm-tab"] = "this scheduler"
+    at.run()
     before = metrics(at)
     at.slider(key="llm-scale").set_value(2.0).run()
     assert not at.exception and metrics(at) != before
@@ -172,6 +195,8 @@ def test_explore_autoscaling_holds_fewer_replica_seconds_on_a_day_and_shows_cold
     cost = {k: float(v["cost per million"].split()[0]) for k, v in
             (("fixed", fixed), ("scaled", scaled))}
     assert cost["scaled"] < cost["fixed"]
+    at.session_state["explore-tab"] = "over time"  # the replica count over the day
+    at.run()
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"]
               for c in at.get("plotly_chart")]
     assert "P99 latency per time bin and replica count" in titles

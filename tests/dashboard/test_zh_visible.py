@@ -97,6 +97,12 @@ def test_pages_show_no_english_sentence_in_chinese(name: str) -> None:
         at.selectbox(key="verify-run").select(stub).run()
         assert not at.exception
         missing += untranslated(at)
+    if name in ("explore", "llm"):  # every figure tab, opened (their labels are Chinese)
+        for tab in at.get("tab")[1:]:
+            at.session_state[f"{name}-tab"] = tab.label
+            at.run()
+            assert not at.exception
+            missing += untranslated(at)
     if name == "llm":  # the prefix-caching section, switched on
         at.toggle(key="llm-prefix").set_value(True).run()
         assert not at.exception
