@@ -71,24 +71,30 @@ def table(rows: list[dict[str, Any]], which: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tag", default="drain", help="results file suffix (the first results, "
+                    "before the drain was modelled, are fidelity_rayserve_autoscale.md)")
     args = ap.parse_args()
+    stem = f"fidelity_rayserve_autoscale{'_' + args.tag if args.tag else ''}"
     t0 = time.perf_counter()
     day = AutoscaleDay()
     rows = run_days(ensure_ray(), day, Path("/tmp/servelab-rayserve-autoscale"), args.runs)
     wall_s = time.perf_counter() - t0
     met = {which: {k: all(abs(errors(r, which)[k]) <= tol for r in rows)
                    for k, tol in TARGETS.items()}
-           for which in ("predicted", "predicted_calibrated")}
+           for which in ("predicted", "predicted_calibrated",
+                         "predicted_calibrated_no_drain")}
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"day": rows[0]["day"], "runs": [{k: v for k, v in r.items() if k != "run_dir"}
                                            for r in rows],
            "errors": [errors(r) for r in rows],
            "errors_calibrated": [errors(r, "predicted_calibrated") for r in rows],
+           "errors_calibrated_no_drain": [errors(r, "predicted_calibrated_no_drain")
+                                          for r in rows],
            "targets": TARGETS, "met": met,
            "wall_s": wall_s, "machine": platform.platform(), "versions": versions(),
            "command": "fgrun python benchmarks/fidelity_rayserve_autoscale.py --runs "
-                      f"{args.runs}"}
-    (RESULTS / "fidelity_rayserve_autoscale.json").write_text(json.dumps(out, indent=1) + "\n")
+                      f"{args.runs}" + (f" --tag {args.tag}" if args.tag else "")}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1) + "\n")
     cold = [c for r in rows for c in r["cold_start_s"]["measured"]]
     md = [
         "# Ray Serve autoscaling vs servelab's `target` autoscaler",
@@ -102,9 +108,16 @@ def main() -> None:
         f"{day.target_ongoing_requests:g}, upscale_delay_s {day.upscale_delay_s:g}, "
         f"downscale_delay_s {day.downscale_delay_s:g}, look_back_period_s "
         f"{day.look_back_period_s:g}, start-up delay {day.startup_delay_s:g} s in the "
-        "constructor; metrics push interval 0.2 s. Day: "
+        "constructor, graceful_shutdown_wait_loop_s "
+        f"{day.graceful_shutdown_wait_loop_s:g} s (Ray's default, set explicitly); metrics "
+        "push interval 0.2 s. Day: "
         + ", ".join(f"{d:g} s at {r:g} req/s" for d, r in day.phases)
         + f"; {len(rows)} runs, a new seed each, {wall_s:.0f} s in all.",
+        "",
+        "servelab's scenario mirrors Ray's stopping replica (`autoscaling."
+        "graceful_shutdown_wait_loop_s`: a removed replica sleeps that long, then stops at "
+        "the first check that finds no ongoing request; it counts replica-seconds until "
+        "then) and the cold start measured in each run.",
         "",
         "**servelab with the nominal service time** (a + b·n, the sleep the deployment "
         "does; the single-request overhead added to its latencies):",
@@ -112,16 +125,23 @@ def main() -> None:
         table(rows, "predicted"),
         "",
         "**servelab with the service time calibrated through the endpoint** (`calibrate "
-        "--endpoint`, bursts of 1, 2 and 4 with a 100 ms window, subtracted: what Ray adds per "
-        "request and per batch counts as replica busy time):",
+        "--endpoint`, bursts of 1, 2 and 4 with a 100 ms window, subtracted; the request "
+        "overhead outside the replica from paired full bursts, as `service.overheads`):",
         "",
         table(rows, "predicted_calibrated"),
+        "",
+        "**The same, without the stopping replica** (a removed replica stops when its work "
+        "is done, as servelab did before):",
+        "",
+        table(rows, "predicted_calibrated_no_drain"),
         "",
         f"Cold start measured in Ray's log (upscale to running): "
         f"{', '.join(f'{c:.1f}' for c in cold)} s (controlled part {day.startup_delay_s:g} s; "
         "the rest is Ray starting the replica actor). The simulation uses each run's median. "
         f"Single-request overhead outside the replica (proxy, router, HTTP), measured before "
-        f"the runs and added to the predicted latencies: {rows[0]['overhead_ms']:.1f} ms.",
+        f"the runs and added to the nominal prediction's latencies: "
+        f"{rows[0]['overhead_ms']:.1f} ms; the calibration's paired full bursts put "
+        f"{rows[0]['calibrated_overhead_ms']:.1f} ms outside the replica.",
         "",
         "Targets met (every run): " + "; ".join(
             f"{which}: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in m.items())
@@ -131,7 +151,7 @@ def main() -> None:
         f"[0, {day.length_s:g} s]; upscales are the increases of that count (Ray's log is "
         "polled every 0.25 s, so two upscales closer than that read as one).",
     ]
-    (RESULTS / "fidelity_rayserve_autoscale.md").write_text("\n".join(md) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 

@@ -181,8 +181,23 @@ def compare_requests_cmd(scenario: str, endpoint: str, api: str, profile: Path |
     cli = _cli()
     fail, USER_ERRORS, console = cli.fail, cli.USER_ERRORS, cli.console  # noqa: N806
     if rhos:
-        fail("--sweep with --endpoint: not supported yet; run compare once per load "
-             "(--set workload.rate_rps=...)")
+        from executor.endpoint.compare_requests import sweep_request_endpoint
+        from servelab.cli_live import REQUEST_FIDELITY_KEYS, _fidelity_table
+
+        try:
+            frame = sweep_request_endpoint(scenario, endpoint, out, rhos, api=api,
+                                           profile=profile, repeats=repeats,
+                                           overrides=set_ or None, model=model,
+                                           probe_mode=probe, drain_timeout_s=drain_timeout_s,
+                                           progress=lambda m: console.print(f"[dim]{m}[/]"))
+        except USER_ERRORS as exc:
+            fail(str(exc))
+            return
+        console.print(_fidelity_table(frame, REQUEST_FIDELITY_KEYS))
+        console.print("rho = the replica's utilisation the calibrated profile predicts at "
+                      f"the offered rate; one compare.json per point in {out}/rho-R/")
+        console.print(f"fidelity curve: {out / 'fidelity.csv'}")
+        return
     try:
         data = compare_request_endpoint(scenario, endpoint, out, api=api, profile=profile,
                                         repeats=repeats, overrides=set_ or None, model=model,

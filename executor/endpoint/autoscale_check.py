@@ -46,8 +46,10 @@ import numpy as np
 import pandas as pd
 
 import sim
+from calibration.profile import load_profile
 from executor.endpoint.rayserve import RayServeApp
 from executor.endpoint.request_bench import bench_requests
+from executor.endpoint.request_calibrate import profile_service
 from executor.endpoint.venvs import ServerEnv
 
 PUSH_ENV = {"RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.2",
@@ -76,6 +78,7 @@ class AutoscaleDay:
     downscale_delay_s: float = 5.0
     look_back_period_s: float = 2.0
     startup_delay_s: float = 2.0
+    graceful_shutdown_wait_loop_s: float | None = 2.0  # Ray's default, set explicitly
     max_ongoing_requests: int = 64
     seed: int = 11
     extra: dict[str, Any] = field(default_factory=dict)
@@ -91,6 +94,7 @@ class AutoscaleDay:
                 "batch_wait_timeout_s": self.batch_wait_ms / 1e3,
                 "sleep_base_ms": self.base_ms, "sleep_per_item_ms": self.per_item_ms,
                 "startup_delay_s": self.startup_delay_s,
+                "graceful_shutdown_wait_loop_s": self.graceful_shutdown_wait_loop_s,
                 "max_ongoing_requests": self.max_ongoing_requests,
                 "replica_log": str(replica_log),
                 "autoscaling_config": {
@@ -114,14 +118,16 @@ class AutoscaleDay:
         pd.DataFrame({"t": np.concatenate(times)}).to_csv(path, index=False)
         return path
 
-    def scenario(self, trace: Path, cold_start_s: float, profile: Path | None = None
-                 ) -> dict[str, Any]:
+    def scenario(self, trace: Path, cold_start_s: float, profile: Path | None = None,
+                 drain: bool = True) -> dict[str, Any]:
         """The servelab scenario for the day: the same batcher, p2c routing, ``target``;
-        the service is the nominal sleep, or ``profile`` (calibrated through the endpoint).
+        the service is the nominal sleep, or ``profile`` (calibrated through the endpoint);
+        ``drain``: a removed replica lingers as Ray's does (``graceful_shutdown_wait_loop_s``),
+        else it stops when its work is done.
         """
-        service = ({"kind": "profile", "path": str(profile)} if profile is not None else
-                   {"kind": "linear", "base_ms": self.base_ms, "per_item_ms": self.per_item_ms,
-                    "deterministic": True})
+        service = (profile_service(load_profile(profile), str(profile)) if profile is not None
+                   else {"kind": "linear", "base_ms": self.base_ms,
+                         "per_item_ms": self.per_item_ms, "deterministic": True})
         return {"name": "ray-autoscale-day", "seed": self.seed, "service": service,
                 "workload": {"kind": "trace", "path": str(trace), "timestamp_column": "t"},
                 "policy": {"kind": "dynamic", "max_batch_size": self.max_batch_size,
@@ -135,7 +141,9 @@ class AutoscaleDay:
                     "downscale_delay_s": self.downscale_delay_s,
                     "look_back_period_s": self.look_back_period_s,
                     "control_period_s": RECORD_FACTOR * self.look_back_period_s,
-                    "cold_start_s": cold_start_s}}
+                    "cold_start_s": cold_start_s,
+                    "graceful_shutdown_wait_loop_s":
+                        self.graceful_shutdown_wait_loop_s if drain else None}}
 
 
 def read_replica_log(path: Path, t0_unix: float) -> pd.DataFrame:
@@ -264,15 +272,18 @@ def _calibrate(url: str, day: AutoscaleDay, path: Path) -> Path:
 
 
 def _predict(day: AutoscaleDay, trace: Path, cold_s: float, profile: Path | None,
-             overhead_ms: float, out: Path) -> tuple[dict[str, Any], pd.DataFrame]:
-    predicted = sim.run(day.scenario(trace, cold_s, profile))
+             overhead_ms: float, out: Path, drain: bool = True
+             ) -> tuple[dict[str, Any], pd.DataFrame]:
+    predicted = sim.run(day.scenario(trace, cold_s, profile, drain))
     predicted.write(out)
     series = predicted.replicas
     assert series is not None  # an autoscaled run keeps its replica counts
     steps = step_metrics(series["time_s"].to_numpy(float), series["replicas"].to_numpy(float),
                          0.0, day.length_s)
     lat = predicted.summary["latency_ms"]
-    add = overhead_ms if profile is None else 0.0  # a calibrated profile holds it already
+    # a calibrated profile holds it already (as service.overheads, which the simulated
+    # latencies include, or in its busy time)
+    add = overhead_ms if profile is None else 0.0
     return {**steps, "latency_p99_ms": lat["p99"] + add,
             "latency_p50_ms": lat["p50"] + add}, series
 
@@ -287,12 +298,17 @@ def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
     nominal, series = _predict(day, trace, cold_s, None, overhead_ms, run_dir / "sim")
     calibrated, cal_series = _predict(day, trace, cold_s, profile, overhead_ms,
                                       run_dir / "sim-calibrated")
+    no_drain, _ = _predict(day, trace, cold_s, profile, overhead_ms,
+                           run_dir / "sim-calibrated-no-drain", drain=False)
     live_steps = step_metrics(log["time_s"].to_numpy(float), log["held"].to_numpy(float),
                               0.0, day.length_s)
     ok = measured.requests[measured.requests["status"] == "ok"]
     lat_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
     return {"day": {**asdict(day), "phases": [list(p) for p in day.phases]},
-            "overhead_ms": overhead_ms, "cold_start_s": {"controlled": day.startup_delay_s,
+            "overhead_ms": overhead_ms,
+            "calibrated_overhead_ms": (load_profile(profile).meta["endpoint"].get(
+                "request_overhead") or {}).get("request_ms", 0.0),
+            "cold_start_s": {"controlled": day.startup_delay_s,
                                                          "measured": starts,
                                                          "simulated": cold_s},
             "live": {**live_steps, "latency_p99_ms": float(np.percentile(lat_ms, 99)),
@@ -300,6 +316,7 @@ def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
                      "failed": int(measured.summary["failed"]),
                      "requests": len(measured.requests)},
             "predicted": nominal, "predicted_calibrated": calibrated,
+            "predicted_calibrated_no_drain": no_drain,
             "timeline": {"live": log[["time_s", "held", "running"]].round(3).values.tolist(),
                          "predicted": series[["time_s", "replicas"]].round(3).values.tolist(),
                          "predicted_calibrated":

@@ -17,20 +17,22 @@ utilisation, queue wait) are compared only where the bench could see them (null 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import pandas as pd
 
 from calibration.profile import LatencyProfile, load_profile
-from executor.compare import predict
+from executor.compare import predict, rate_for_utilization
 from executor.compare_loop import METRICS, Probing, run_repeats, write_compare
 from executor.endpoint.probes import Stopper
 from executor.endpoint.request_bench import bench_requests
 from executor.endpoint.request_calibrate import _burst_stats, _bursts, profile_service
 from executor.endpoint.request_client import REQUEST_APIS, request_path
 from executor.endpoint.server_info import EndpointError, base_url
+from sim.errors import UserError
 from sim.metrics.rundir import Result, write_json
 from sim.metrics.window import default_drain_s
 from sim.scenario.payload import PayloadCfg
@@ -193,3 +195,51 @@ def compare_request_endpoint(scenario: Scenario | dict[str, Any] | str | Path, e
 
     write_compare_report(out / "report.html", figure_sim, cast(list[Result], done.lives), rows)
     return data
+
+
+def sweep_request_endpoint(scenario: Scenario | dict[str, Any] | str | Path, endpoint: str,
+                           out_dir: str | Path, rhos: Sequence[float], *, api: str,
+                           profile: str | Path | None = None, repeats: int = 3,
+                           overrides: list[str] | dict[str, Any] | None = None,
+                           model: str | None = None, probe_mode: str = "full",
+                           sim_replications: int = 10, drain_timeout_s: float | None = None,
+                           progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """:func:`compare_request_endpoint` at each target utilisation ρ of the replica (the
+    rate at which the simulator, on the calibrated profile, predicts that utilisation, as
+    the live ``compare --sweep`` finds it): one ``rho-R/compare.json`` per point, and every
+    point's rows in ``fidelity.csv`` / ``fidelity.json``; returns the rows.
+
+    Raises:
+        UserError: no load, a load out of (0, 1), a workload without a rate, or what
+            :func:`compare_request_endpoint` raises.
+    """
+    if not rhos:
+        raise UserError("--sweep: give at least one load, e.g. 0.3,0.6,0.8")
+    for rho in rhos:
+        if not (math.isfinite(rho) and 0 < rho < 1):
+            raise UserError(f"--sweep rho={rho:g}: must lie in (0, 1)")
+    if api not in REQUEST_APIS:
+        raise EndpointError(f"--api {api!r}: allowed for request-level scenarios: "
+                            f"{', '.join(REQUEST_APIS)}")
+    scn, _ = _scenario(scenario, overrides, profile)
+    out = Path(out_dir)
+    rows = []
+    for rho in rhos:
+        rate = rate_for_utilization(scn, rho)
+        if progress:
+            progress(f"rho={rho:g}: {rate:.3g} req/s (the calibrated profile's replica "
+                     f"utilisation {rho:g})")
+        data = compare_request_endpoint(
+            load_scenario(scn, {"workload.rate_rps": rate}), endpoint, out / f"rho-{rho:g}",
+            api=api, repeats=repeats, model=model, probe_mode=probe_mode,
+            sim_replications=sim_replications, drain_timeout_s=drain_timeout_s,
+            progress=progress)
+        rows += [{"target_rho": rho, "rate_rps": rate, "offered_rps": data["offered_rps"],
+                  **row} for row in data["rows"]]
+    frame = pd.DataFrame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "fidelity.csv", index=False)
+    write_json(out / "fidelity.json", {"kind": "request", "driver": "bench", "api": api,
+                                       "scenario": scn.name, "endpoint": base_url(endpoint),
+                                       "rows": rows})
+    return frame

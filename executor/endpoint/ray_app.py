@@ -22,8 +22,9 @@ depend on CPU contention, for replica and autoscaling checks on a small machine)
 
 Settings: ``port``, ``num_cpus``, ``temp_dir``, ``model``, ``model_name`` (the v2 name),
 ``max_batch_size``, ``batch_wait_timeout_s``, ``max_ongoing_requests``, ``num_replicas`` or
-``autoscaling_config`` (Ray's keys), ``startup_delay_s`` (a replica sleeps this long in its
-constructor: a controlled cold start), ``sleep_base_ms``, ``sleep_per_item_ms``,
+``autoscaling_config`` (Ray's keys), ``graceful_shutdown_wait_loop_s`` (Ray's deployment
+option), ``startup_delay_s`` (a replica sleeps this long in its constructor: a controlled
+cold start), ``sleep_base_ms``, ``sleep_per_item_ms``,
 ``replica_log`` (a file: every ``replica_poll_s``, default 0.25 s, one JSON line
 ``{"t": unix time, "states": {"RUNNING": n, "STARTING": n, ...}}`` read from
 ``serve.status()``, the controller's own count of the deployment's replicas by state).
@@ -181,6 +182,8 @@ def _poll_replicas(path: str, period_s: float, done: threading.Event) -> None:
 def main() -> None:
     """Start a local Ray, deploy the model on the configured port, wait for SIGTERM."""
     options: dict[str, Any] = {"max_ongoing_requests": int(CFG.get("max_ongoing_requests", 64))}
+    if CFG.get("graceful_shutdown_wait_loop_s") is not None:
+        options["graceful_shutdown_wait_loop_s"] = float(CFG["graceful_shutdown_wait_loop_s"])
     if CFG.get("autoscaling_config"):
         options["autoscaling_config"] = CFG["autoscaling_config"]
     else:

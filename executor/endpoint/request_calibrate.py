@@ -241,7 +241,9 @@ def _measure(url: str, api: str, payload: PayloadCfg, order: list[int], reps: in
         say(f"  request overhead outside the replica: {overhead['request_ms']:.2f} ms "
             f"(paired bursts of {overhead['from_size']}); busy ms by size: " + ", ".join(
                 f"{n}: {v['busy_ms']:.1f} ({v['queued_pairs']}/{reps} pairs queued)"
-                for n, v in overhead["sizes"].items()))
+                for n, v in overhead["sizes"].items())
+            + "".join(f"; {n}: median less the overhead (its window outlasts its batch)"
+                      for n in overhead["not_paired"]))
     return LatencyProfile(
         samples_s={n: np.asarray(v) for n, v in samples.items()},
         model={"name": f"endpoint:{name or payload.path}", "api": api},
@@ -260,21 +262,39 @@ def _measure(url: str, api: str, payload: PayloadCfg, order: list[int], reps: in
               "threads": None, "seed": seed, "versions": versions()})
 
 
+def pairs_queue(size: int, median_s: float, server_max: int, window_s: float) -> bool:
+    """Whether a pair of bursts of ``size`` can queue, the second behind the first.
+
+    A burst that fills the server's batch is dispatched at once, so the second of a pair
+    reaches a batcher whose first batch still runs. One below the largest batch waits the
+    whole window from its first request even while the replica is idle (Ray Serve's
+    ``wait_for_batch`` starts the timer when it takes that request off the queue:
+    ``ray/serve/batching.py``), so the second burst, sent after the first batch left its
+    window, queues only if the first batch runs longer than the window and the send offset
+    together; its busy time is under its median, so a window of half the median or more
+    leaves nothing to measure.
+    """
+    return size >= server_max or window_s < 0.5 * median_s
+
+
 def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[int, float],
                      server_max: int, window_s: float, pairs: int, seed: int,
                      timeout_s: float, stopper: Stopper) -> dict[str, Any]:
     """The replica's busy time per burst size and the per-request time outside it, from
-    ``pairs`` pairs of bursts of each size: the second burst of a pair is sent a quarter of
-    a burst's latency after the first batch was dispatched (after the window, for a burst
-    below the server's largest batch), reaches the replica while the first batch runs, and
-    waits for it (Ray Serve's batcher closes the next batch while one runs and starts it
-    when the running one ends: ``ray/serve/batching.py``, ``_process_batches`` and its
-    semaphore). The gap between the two bursts' finishes is then one batch's busy time,
-    and the first burst's mean latency less that gap and the window is what the path
-    outside the replica added (HTTP, proxy, router, the hop back). A pair whose second
-    burst did not wait (its latency not above the first's by a tenth of the gap) is left
-    out: with a window as long as the batch, or an overhead much longer than it, no pair
-    queues and the size keeps its uncorrected samples.
+    ``pairs`` pairs of bursts of each size that can queue (:func:`pairs_queue`): the second
+    burst of a pair is sent a quarter of a burst's latency after the first batch was
+    dispatched (after the window, for a burst below the server's largest batch), reaches
+    the replica while the first batch runs, and waits for it (Ray Serve's batcher closes
+    the next batch while one runs and starts it when the running one ends:
+    ``ray/serve/batching.py``, ``_process_batches`` and its semaphore). The gap between the
+    two bursts' finishes is then one batch's busy time, and the first burst's mean latency
+    less that gap and the window is what the path outside the replica added (HTTP, proxy,
+    router, the hop back). A pair whose second burst did not wait (its latency not above
+    the first's by a tenth of the gap) is left out.
+
+    The outside time comes from the smallest size whose pairs queued; a size that cannot
+    queue (its window outlasts its batch) or whose pairs did not gets no row, and the
+    caller takes its busy time as its median less that outside time.
 
     Args:
         url: The inference URL.
@@ -291,9 +311,17 @@ def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[in
     Raises:
         EndpointError: a request failed, or no pair queued at any size.
     """
+    paired = {n: m for n, m in sorted(medians_s.items())
+              if pairs_queue(n, m, server_max, window_s)}
+    skipped = sorted(set(medians_s) - set(paired))
+    if not paired:
+        raise EndpointError(f"request overhead: no burst size can queue behind another "
+                            f"(sizes {sorted(medians_s)} all wait a {window_s * 1e3:g} ms "
+                            f"window longer than half their latency); add a size of "
+                            f"--server-max-batch-size ({server_max}) to --batch-sizes")
     plan: list[tuple[float, int]] = []
     t = 0.05
-    for size, median_s in sorted(medians_s.items()):
+    for size, median_s in paired.items():
         wait_s = window_s if size < server_max else 0.0
         offset_s = wait_s + 0.25 * median_s
         for _ in range(pairs):
@@ -322,9 +350,11 @@ def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[in
                             "server's?")
     smallest = min(sizes, key=int)
     return {"request_ms": max(sizes[smallest]["outside_ms"], 0.0), "from_size": int(smallest),
-            "sizes": sizes, "pairs": pairs,
-            "method": "paired bursts at each size: the first burst's latency minus the gap "
-                      "between the two bursts' finishes (the busy time) and the window"}
+            "sizes": sizes, "pairs": pairs, "not_paired": skipped,
+            "method": "paired bursts at each size that can queue: the first burst's latency "
+                      "minus the gap between the two bursts' finishes (the busy time) and "
+                      "the window; sizes whose window outlasts their batch (not_paired): "
+                      "their median less request_ms"}
 
 
 def profile_service(profile: LatencyProfile, path: str) -> dict[str, Any]:

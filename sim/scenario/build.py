@@ -206,11 +206,12 @@ def build_fleet(scenario: Scenario | Any) -> Fleet | None:
     cfg = scenario.autoscaling
     if cfg is None:
         return None
-    knobs = _knobs(cfg, "control_period_s", "cold_start_s")
+    knobs = _knobs(cfg, "control_period_s", "cold_start_s", "graceful_shutdown_wait_loop_s")
     if isinstance(cfg, ScheduleAutoscalingCfg):
         knobs["steps"] = [(float(t), int(n)) for t, n in cfg.steps]
     builder: Callable[..., Autoscaler] = AUTOSCALERS[cfg.kind]
-    return Fleet(scenario.fleet_size, builder(**knobs), cfg.control_period_s)
+    return Fleet(scenario.fleet_size, builder(**knobs), cfg.control_period_s,
+                 stop_poll_s=getattr(cfg, "graceful_shutdown_wait_loop_s", None))
 
 
 def build_cold_start(scenario: Scenario, rng: np.random.Generator) -> ColdStart:

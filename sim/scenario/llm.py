@@ -357,6 +357,10 @@ class LlmScenario(_Strict):
                 raise ValueError("autoscaling.cold_start_s: an LLM engine's cold start is not "
                                  "in its step profile; give the seconds a new engine needs "
                                  "to load its model")
+            if getattr(self.autoscaling, "graceful_shutdown_wait_loop_s", None) is not None:
+                raise ValueError("autoscaling.graceful_shutdown_wait_loop_s: not modelled for "
+                                 "LLM engines (a removed engine stops when its sequences "
+                                 "finish); leave it out")
         if self.routing == "prefix_affinity" and not getattr(
                 self.policy, "enable_prefix_caching", False):
             raise ValueError("routing: prefix_affinity follows cached prefixes; it needs "

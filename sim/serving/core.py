@@ -169,6 +169,8 @@ class ServingCore:
                 fleet.ready(replica, ready_s)
                 dispatcher.set_active(replica, True, ready_s)
                 freed.append(replica)
+            if fleet.next_poll_s() <= now_s:  # draining replicas' stop polls
+                self._stop += fleet.poll(now_s, dispatcher.running)
             if dispatch:
                 while fleet.next_tick_s <= now_s and self._ticking():
                     tick_s = fleet.next_tick_s
@@ -257,7 +259,8 @@ class ServingCore:
     def _stop_if_drained(self, replica: int, now_s: float) -> None:
         fleet = self.fleet
         assert fleet is not None
-        if fleet.state[replica] == DRAINING and self.dispatcher.running[replica] == 0:
+        if fleet.state[replica] == DRAINING and self.dispatcher.running[replica] == 0 \
+                and fleet.stop_poll_s is None:  # else its next stop poll stops it
             fleet.stop(replica, now_s)
             self._stop.append(replica)
 
@@ -309,8 +312,12 @@ class ServingCore:
             arrival_s = self.source.peek_s()
             if arrival_s < wake_s:
                 wake_s = arrival_s
-        if fleet is not None and fleet.next_tick_s < wake_s and self._ticking():
-            wake_s = fleet.next_tick_s
+        if fleet is not None:
+            if fleet.next_tick_s < wake_s and self._ticking():
+                wake_s = fleet.next_tick_s
+            poll_s = fleet.next_poll_s()
+            if poll_s < wake_s:
+                wake_s = poll_s
         return wake_s
 
     def next_policy_wake_s(self) -> float:

@@ -1,7 +1,10 @@
 """The replica fleet under an autoscaler: each replica slot's state, and its history.
 
 A slot is ``off``, ``starting`` (launched, in its cold start), ``ready`` (serving) or
-``draining`` (removed: takes no new work, finishes what runs, then goes ``off``). The fleet
+``draining`` (removed: takes no new work, finishes what runs, then goes ``off``; with a
+stop poll period it goes ``off`` only at the first poll that finds it idle, each poll a period
+after the last, the first a period after its removal, as Ray Serve's replica checks every
+``graceful_shutdown_wait_loop_s``, sleeping first, before it shuts down). The fleet
 has no clock: the core tells it the time. It records every change as an event
 (``time_s, replica, event``) and the counts as a step series; replica-seconds integrate the
 replicas that hold resources (starting, ready or draining).
@@ -57,11 +60,16 @@ class Fleet:
         n_slots: Slots (the autoscaler's ``max_replicas``).
         autoscaler: The policy.
         control_period_s: How often the autoscaler is consulted.
+        stop_poll_s: A draining replica stops at the first poll that finds it idle, polls
+            ``stop_poll_s`` apart from its removal (None: as soon as its work is done).
     """
 
-    def __init__(self, n_slots: int, autoscaler: Autoscaler, control_period_s: float) -> None:
+    def __init__(self, n_slots: int, autoscaler: Autoscaler, control_period_s: float,
+                 stop_poll_s: float | None = None) -> None:
         self.autoscaler = autoscaler
         self.control_period_s = control_period_s
+        self.stop_poll_s = stop_poll_s
+        self.poll_at_s = [math.inf] * n_slots  # a draining slot's next stop poll
         self.state = [OFF] * n_slots
         self.ready_at_s = [math.nan] * n_slots  # the current incarnation's ready time
         self.log = FleetLog()
@@ -136,12 +144,42 @@ class Fleet:
         self._move(replica, now_s, READY, "ready")
 
     def retire(self, replica: int, now_s: float) -> None:
-        """A ready slot stops taking work."""
+        """A ready slot stops taking work (its first stop poll a period later)."""
+        if self.stop_poll_s is not None:
+            self.poll_at_s[replica] = now_s + self.stop_poll_s
         self._move(replica, now_s, DRAINING, "retire")
 
     def stop(self, replica: int, now_s: float) -> None:
         """A draining slot has finished its work and frees its resources."""
+        self.poll_at_s[replica] = math.inf
         self._move(replica, now_s, OFF, "stop")
+
+    def next_poll_s(self) -> float:
+        """The earliest stop poll of a draining slot (inf: none)."""
+        return min(self.poll_at_s) if self.stop_poll_s is not None else math.inf
+
+    def poll(self, now_s: float, busy: list[int]) -> list[int]:
+        """Run the stop polls due by ``now_s``, in time order: a draining slot with no work
+        (``busy[r] == 0``) stops at its poll's time, one with work polls again a period later.
+
+        Returns:
+            The slots stopped.
+        """
+        period = self.stop_poll_s
+        if period is None:
+            return []
+        stopped = []
+        for r in sorted(range(len(self.state)), key=lambda k: self.poll_at_s[k]):
+            at_s = self.poll_at_s[r]
+            if at_s > now_s:
+                break
+            if busy[r] == 0:
+                self.stop(r, at_s)
+                stopped.append(r)
+            else:
+                while self.poll_at_s[r] <= now_s:
+                    self.poll_at_s[r] += period
+        return stopped
 
     def _record(self, now_s: float) -> None:
         log = self.log

@@ -7,15 +7,28 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import yaml
 
+import sim
 from executor.endpoint.compare_requests import compare_request_endpoint
 from executor.endpoint.request_calibrate import calibrate_endpoint, profile_service
 from executor.endpoint.server_info import EndpointError
+from tests.executor.endpoint.conftest import REPO, env
 
 BASE_MS, PER_ITEM_MS, OUTSIDE_MS = 20.0, 5.0, 30.0
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "servelab.cli", *args], capture_output=True,
+                          text=True, timeout=300, env=env(), cwd=REPO)
+
+
 PAYLOAD = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 2]}]}
 
 
@@ -45,6 +58,29 @@ def test_calibrate_separates_the_path_outside_the_replica(stub_url: str) -> None
                                 model=stub_model("lumped"), say=lambda line: None)
     assert lumped.median_s(1) * 1e3 >= BASE_MS + PER_ITEM_MS + OUTSIDE_MS * 0.95
     assert "overheads" not in profile_service(lumped, "p.json")
+
+
+def test_calibrate_separates_the_outside_path_with_a_long_window(stub_url: str) -> None:
+    """A 100 ms window, longer than any batch (25 to 60 ms): bursts of 1 and 2 wait it even
+    on an idle replica, so a second burst never queues behind the first; only the full
+    burst of 8 pairs, and the smaller sizes take its outside time.
+    """
+    model = f"batch:8:100:{BASE_MS:g}:{PER_ITEM_MS:g}:{OUTSIDE_MS:g}~long"
+    prof = calibrate_endpoint(stub_url, api="kserve-v2", sizes=[1, 2, 8], reps=6,
+                              model=model, window_ms=100, server_max_batch=8,
+                              say=lambda line: None)
+    over = prof.meta["endpoint"]["request_overhead"]
+    assert over["not_paired"] == [1, 2] and set(over["sizes"]) == {"8"}
+    assert over["sizes"]["8"]["queued_pairs"] >= 4 and over["from_size"] == 8
+    assert over["request_ms"] >= OUTSIDE_MS * 0.95
+    # a full burst's outside time also holds its requests' spread in reaching the batcher
+    # (the batch starts with the last); a lone request's busy time reads that much short
+    spread_ms = prof.meta["endpoint"]["bursts"]["8"]["send_spread_max_ms"]
+    for n in (1, 2, 8):
+        busy_ms = prof.median_s(n) * 1e3
+        asked_ms = BASE_MS + PER_ITEM_MS * n
+        assert asked_ms * 0.95 - spread_ms <= busy_ms <= asked_ms + 0.5 * OUTSIDE_MS, (
+            n, busy_ms, spread_ms)
 
 
 def test_compare_endpoint_writes_the_live_compare_files(stub_url: str, tmp_path: Path) -> None:
@@ -84,6 +120,65 @@ def test_compare_endpoint_writes_the_live_compare_files(stub_url: str, tmp_path:
     moved = max(abs(r - 1) for p in data["probes"] for r in p["ratio_by_size"].values())
     assert abs(rows["latency_ms.p50"]["rel_error"]) <= 0.15 + moved, (rows["latency_ms.p50"],
                                                                        moved)
+
+
+def test_compare_endpoint_sweep_for_a_request_level_scenario(stub_url: str,
+                                                              tmp_path: Path) -> None:
+    """``compare SCENARIO --endpoint URL --api kserve-v2 --sweep ρ,...``: one
+    ``rho-R/compare.json`` per load and ``fidelity.csv`` beside them, as the LLM sweep
+    writes (the Verify page reads both); each load is the replica's utilisation the
+    simulator predicts on the calibrated profile.
+    """
+    model = stub_model("sweep")
+    prof = calibrate_endpoint(stub_url, api="kserve-v2", sizes=[1, 4], reps=4, model=model,
+                              window_ms=0, server_max_batch=4, say=lambda line: None)
+    path = prof.save(tmp_path / "stub.json")
+    scenario = tmp_path / "sw.yaml"
+    scenario.write_text(yaml.safe_dump({
+        "name": "stub-sweep", "seed": 4, "service": {"kind": "constant", "ms": 1},
+        "workload": {"kind": "poisson", "rate_rps": 5, "duration_s": 2.5},
+        "policy": {"kind": "dynamic", "max_batch_size": 4, "max_wait_ms": 0,
+                   "timer": "first"},
+        "warmup_s": 0.5, "payload": {**PAYLOAD, "model": model}}))
+    out = tmp_path / "sweep"
+    proc = _cli("compare", str(scenario), "--endpoint", stub_url, "--api", "kserve-v2",
+                "--profile", str(path), "--sweep", "0.3,0.6", "--repeats", "1", "--probe",
+                "off", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "fidelity curve" in proc.stdout and "Traceback" not in proc.stderr
+    frame = pd.read_csv(out / "fidelity.csv")
+    assert set(frame["target_rho"]) == {0.3, 0.6}
+    rate = frame.groupby("target_rho")["rate_rps"].first()
+    assert rate[0.6] > rate[0.3] > 0
+    for rho in (0.3, 0.6):
+        data = json.loads((out / f"rho-{rho:g}" / "compare.json").read_text())
+        assert data["kind"] == "request" and data["api"] == "kserve-v2"
+        assert (out / f"rho-{rho:g}" / "live-1" / "requests.parquet").is_file()
+        # the rate was found so that the simulator's replica, on the calibrated profile, is
+        # busy rho of the time over a long run (the bisection stops within 1% of the rate)
+        long_run = sim.run(yaml.safe_load(scenario.read_text()), overrides={
+            "service": profile_service(prof, str(path)), "workload.rate_rps": rate[rho],
+            "workload.duration_s": None, "workload.n_requests": 20_000, "warmup_s": 0})
+        assert abs(long_run.summary["utilization"] - rho) <= 0.02, (rho, long_run.summary)
+    assert {"throughput_rps", "latency_ms.p50"} <= set(frame["metric"])
+    _verify_page_shows(out)
+    bad = _cli("compare", str(scenario), "--endpoint", stub_url, "--api", "kserve-v2",
+               "--profile", str(path), "--sweep", "1.2", "--out", str(tmp_path / "bad"))
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr + bad.stdout
+    assert "--sweep rho=1.2: must lie in (0, 1)" in " ".join((bad.stderr + bad.stdout).split())
+
+
+def _verify_page_shows(sweep_dir: Path) -> None:
+    """The Verify page reads the sweep: a load picker over the ``rho-R`` points, each
+    point's table, and the fidelity curve."""
+    testing = pytest.importorskip("streamlit.testing.v1")
+    at = testing.AppTest.from_file(str(REPO / "dashboard" / "app_pages" / "verify.py"),
+                                   default_timeout=120)
+    at.run()
+    at.text_input(key="verify-dir").set_value(str(sweep_dir)).run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="verify-load").options == ["rho-0.3", "rho-0.6"]
+    assert {"latency_ms.p50", "throughput_rps"} <= set(at.dataframe[0].value["metric"])
 
 
 def test_compare_endpoint_refuses_bad_input_in_one_line(stub_url: str, tmp_path: Path) -> None:
