@@ -95,6 +95,24 @@ def client_overhead(duration_s: float) -> list[dict[str, Any]]:
     return rows
 
 
+def _raw_run(rho: float, run: int, requests: Any, unix_offset_s: float,
+             ray_requests: list[list[Any]], batches: list[list[float]]) -> dict[str, Any]:
+    """One run's timestamps, unix seconds (6 decimals): per request the client's
+    ``[id, scheduled, sent, answered]`` (answered NaN -> None when it failed) and the
+    replica's ``[id, entered, parsed, answered]``; Ray's batches ``[size, start, finish]``.
+    """
+    def r6(x: float) -> float | None:
+        return None if not np.isfinite(x) else round(float(x), 6)
+
+    client = [[int(i), r6(sch + unix_offset_s), r6(sent + unix_offset_s),
+               r6(fin + unix_offset_s)] for i, sch, sent, fin in zip(
+        requests["id"], requests["scheduled_s"], requests["arrival_s"], requests["finish_s"],
+        strict=True)]
+    return {"rho": rho, "run": run, "client": client,
+            "replica": [[str(i), r6(a), r6(b), r6(c)] for i, a, b, c in ray_requests],
+            "batches": [[int(n), r6(a), r6(b)] for n, a, b in batches]}
+
+
 def busy_by_size(batches: list[list[float]]) -> dict[int, float]:
     """Median busy time (ms) per batch size from Ray's batch log (size, start, finish)."""
     by: dict[int, list[float]] = {}
@@ -150,7 +168,8 @@ def repredict(out: dict[str, Any]) -> None:
 
 
 def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], runs: int,
-                duration_s: float, reps: int) -> dict[str, Any]:
+                duration_s: float, reps: int, stem: str = "fidelity_rayserve"
+                ) -> dict[str, Any]:
     """Calibrate at one @serve.batch setting, then predict and measure each rho."""
     sizes = [b for b in (1, 2, 4, 8, 16) if b <= max_batch]
     # calibrated at the scenario's own window: the paired bursts that separate the request
@@ -160,16 +179,17 @@ def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], r
     profile = calibrate_endpoint(url, api="kserve-v2", sizes=sizes, reps=reps, model="minilm",
                                  window_ms=window_ms, server_max_batch=max_batch)
     tag = f"{max_batch}-{window_ms:g}ms"
-    path = profile.save(RESULTS / f"fidelity_rayserve-profile-{tag}.json")
+    path = profile.save(RESULTS / f"{stem}-profile-{tag}.json")
     service = profile_service(profile, str(path))
     # the other bound: the same overhead counted as replica busy time (the previous model)
     over_s = float(service.get("overheads", {}).get("request_ms", 0.0)) / 1e3
     busy_path = profile.rescaled({sizes[0]: 1.0}, add_s=over_s).save(
-        RESULTS / f"fidelity_rayserve-profile-{tag}-overhead-as-busy.json")
+        RESULTS / f"{stem}-profile-{tag}-overhead-as-busy.json")
     busy_service = {"kind": "profile", "path": str(busy_path)}
     s1 = profile.median_s(1)
     rows: list[dict[str, Any]] = []
     ray_batches: list[list[float]] = []
+    raw: list[dict[str, Any]] = []
     for rho in rhos:
         scenario = {"name": f"ray-{tag}-rho{rho}", "seed": 11, "service": service,
                     "workload": {"kind": "poisson", "rate_rps": round(rho / s1, 2),
@@ -183,10 +203,16 @@ def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], r
         live = []
         for run in range(runs):
             seen = len(_call(f"{url}/servelab/batches")["batches"])
+            seen_req = len(_call(f"{url}/servelab/requests")["requests"])
             t0 = time.time()
-            measured = bench_requests(scenario, url, api="kserve-v2")
+            clients: list[Any] = []
+            measured = bench_requests(scenario, url, api="kserve-v2", on_client=clients.append)
+            unix_offset_s = clients[0].t0 + (time.time() - time.perf_counter())
             batches = _call(f"{url}/servelab/batches")["batches"][seen:]
+            ray_requests = _call(f"{url}/servelab/requests")["requests"][seen_req:]
             ray_batches += batches
+            raw.append(_raw_run(rho, run, measured.requests, unix_offset_s, ray_requests,
+                                batches))
             live.append(_row(measured.summary, float(np.mean([b[0] for b in batches]))))
             print(f"{tag} rho {rho} run {run}: {live[-1]} ({time.time() - t0:.0f} s; lag p99 "
                   f"{measured.summary['client']['send_lag_ms']['p99']:.1f} ms)", flush=True)
@@ -209,7 +235,7 @@ def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], r
             "request_overhead": endpoint["request_overhead"],
             "profile_busy_ms": {str(b): profile.median_s(b) * 1e3 for b in sizes},
             "ray_busy_ms": {str(b): v for b, v in busy_by_size(ray_batches).items()},
-            "calibration_bursts": endpoint["bursts"], "rows": rows}
+            "calibration_bursts": endpoint["bursts"], "rows": rows, "raw": raw}
 
 
 TARGETS = {"latency_p50_ms": 0.05, "latency_p99_ms": 0.10, "throughput_rps": 0.02,
@@ -279,14 +305,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--duration-s", type=float, default=10.0)
     ap.add_argument("--reps", type=int, default=8, help="calibration bursts per size")
+    ap.add_argument("--tag", default="",
+                    help="write fidelity_rayserve-TAG.{json,md} and its profiles (default: "
+                         "fidelity_rayserve.{json,md})")
     ap.add_argument("--repredict", action="store_true",
                     help="recompute the predictions of the committed results (no server)")
     args = ap.parse_args()
+    stem = f"fidelity_rayserve-{args.tag}" if args.tag else "fidelity_rayserve"
     if args.repredict:
-        out = json.loads((RESULTS / "fidelity_rayserve.json").read_text())
+        out = json.loads((RESULTS / f"{stem}.json").read_text())
         repredict(out)
-        (RESULTS / "fidelity_rayserve.json").write_text(json.dumps(out, indent=1) + "\n")
-        (RESULTS / "fidelity_rayserve.md").write_text("\n".join(_markdown(out)) + "\n")
+        (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1) + "\n")
+        (RESULTS / f"{stem}.md").write_text("\n".join(_markdown(out)) + "\n")
         print("\n".join(_markdown(out)))
         return
     rhos = [float(x) for x in args.rhos.split(",")]
@@ -301,16 +331,16 @@ def main() -> None:
     try:
         for max_batch, window_ms in settings:
             results.append(one_setting(app.url, max_batch, window_ms, rhos, args.runs,
-                                       args.duration_s, args.reps))
+                                       args.duration_s, args.reps, stem))
     finally:
         app.stop()
     out = {"load_average_at_end": os.getloadavg(), "settings": results,
            "client_overhead": overhead, "runs": args.runs, "duration_s": args.duration_s,
            "command": "fgrun python benchmarks/fidelity_rayserve.py " + " ".join(sys.argv[1:])}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fidelity_rayserve.json").write_text(json.dumps(out, indent=1) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1) + "\n")
     lines = _markdown(out)
-    (RESULTS / "fidelity_rayserve.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
