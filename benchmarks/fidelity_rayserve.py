@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 import sim  # noqa: E402
 from benchmarks import rayserve_paths  # noqa: E402
 from benchmarks.rayserve_report import markdown  # noqa: E402
-from calibration.profile import load_profile  # noqa: E402
+from calibration.profile import LatencyProfile, load_profile  # noqa: E402
 from executor.endpoint.rayserve import RayServeApp, ensure_ray  # noqa: E402
 from executor.endpoint.request_bench import bench_requests  # noqa: E402
 from executor.endpoint.request_calibrate import (  # noqa: E402
@@ -144,6 +145,28 @@ def _service(st: dict[str, Any], overheads: dict[str, float]) -> dict[str, Any]:
     return service
 
 
+def _ray_log_model(st: dict[str, Any], rho: float, models: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """A diagnostic, not a prediction: the main model with each batch's busy time drawn from
+    Ray's own batch log of the same load's runs (plus the measured hand-over), to show how
+    much of the error is the calibrated busy time.
+    """
+    if "arrival_late_handover" not in models:
+        return {}
+    durations: dict[int, list[float]] = {}
+    for run in st.get("raw", []):
+        if run["rho"] == rho:
+            for size, start, finish in run["batches"]:
+                durations.setdefault(int(size), []).append(finish - start)
+    hand_s = st["handover_ms"]["mean"] / 1e3
+    samples = {b: np.array(v) + hand_s for b, v in durations.items() if len(v) >= 5}
+    path = Path(tempfile.mkdtemp(prefix="raylog-")) / "profile.json"
+    LatencyProfile(samples, model={"name": "ray-batch-log"}, extrapolate=True).save(path)
+    overrides, timer = models["arrival_late_handover"]
+    service = {**overrides["service"], "path": str(path), "extrapolate": True}
+    return {"replay_ray_busy": ({**overrides, "service": service}, timer)}
+
+
 def repredict(out: dict[str, Any]) -> None:
     """Recompute every prediction of a results file from its saved profiles and raw logs
     (the simulator is deterministic; the measurements are kept as they are).
@@ -227,7 +250,8 @@ def repredict(out: dict[str, Any]) -> None:
                         "policy": {"kind": "dynamic", "max_batch_size": st["max_batch_size"],
                                    "max_wait_ms": st["window_ms"], "timer": "first"},
                         "warmup_s": 1}
-            for name, (overrides, timer) in models.items():
+            replay = _ray_log_model(st, rho, models)
+            for name, (overrides, timer) in {**models, **replay}.items():
                 summary = sim.run(scenario, {**overrides, "policy.timer": timer}).summary
                 pred = _row(summary, summary["mean_batch_size"])
                 for r in rows:

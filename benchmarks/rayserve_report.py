@@ -11,6 +11,7 @@ OTHER = (("first_overhead", "timer first + request overhead"),
          ("arrival_late", "timer arrival, late timer + request overhead"),
          ("arrival_late_handover", "... + hand-over per batch"),
          ("measured_path", "main, measured path instead of calibrated overhead"),
+         ("replay_ray_busy", "main, Ray's logged busy times (replay)"),
          ("arrival_proxy", "timer arrival + proxy FIFO stage"),
          ("overhead_as_busy", "overhead as busy time"))
 
