@@ -120,9 +120,9 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
     proxy_in_s, proxy_out_s = proxy_costs_s(scn)
     client_arrival_s = None
     if proxy_in_s:  # the core sees each request when the proxy's inbound stage lets it go
-        arrivals = view(core.table.arrival_s, core.table.n)
-        client_arrival_s = arrivals.copy()
-        arrivals[:] = fifo_departures(client_arrival_s, proxy_in_s)
+        seen_s = view(core.table.arrival_s, core.table.n)
+        client_arrival_s = seen_s.copy()
+        seen_s[:] = fifo_departures(client_arrival_s, proxy_in_s)
     horizon_s = planned_horizon_s(scn, core)
     until_s = None
     if drain_timeout_s is not None and math.isfinite(horizon_s + drain_timeout_s):
