@@ -325,6 +325,34 @@ def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], r
             "calibration_bursts": endpoint["bursts"], "rows": rows, "raw": raw}
 
 
+def _save(out: dict[str, Any], stem: str) -> None:
+    """``STEM.json`` (indented), ``STEM.md`` and the raw logs in ``STEM-raw.json`` (one run
+    per line: they are long lists of timestamps).
+    """
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    raw = {st["setting"]: st.get("raw", []) for st in out["settings"]}
+    lean = {**out, "settings": [{k: v for k, v in st.items() if k != "raw"}
+                                for st in out["settings"]]}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(lean, indent=1) + "\n")
+    if any(raw.values()):
+        lines = [json.dumps({"setting": name, **run}, separators=(",", ":"))
+                 for name, runs in raw.items() for run in runs]
+        (RESULTS / f"{stem}-raw.json").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(markdown(out)) + "\n")
+
+
+def _load(stem: str) -> dict[str, Any]:
+    """A results file with its raw logs put back (see :func:`_save`)."""
+    out: dict[str, Any] = json.loads((RESULTS / f"{stem}.json").read_text())
+    raw_path = RESULTS / f"{stem}-raw.json"
+    if raw_path.exists():
+        runs = [json.loads(line) for line in raw_path.read_text().splitlines() if line]
+        for st in out["settings"]:
+            st["raw"] = [{k: v for k, v in r.items() if k != "setting"} for r in runs
+                         if r["setting"] == st["setting"]]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--settings", default="8/5,16/10",
@@ -341,10 +369,9 @@ def main() -> None:
     args = ap.parse_args()
     stem = f"fidelity_rayserve-{args.tag}" if args.tag else "fidelity_rayserve"
     if args.repredict:
-        out = json.loads((RESULTS / f"{stem}.json").read_text())
+        out = _load(stem)
         repredict(out)
-        (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1) + "\n")
-        (RESULTS / f"{stem}.md").write_text("\n".join(markdown(out)) + "\n")
+        _save(out, stem)
         print("\n".join(markdown(out)))
         return
     rhos = [float(x) for x in args.rhos.split(",")]
@@ -366,11 +393,8 @@ def main() -> None:
            "client_overhead": overhead, "runs": args.runs, "duration_s": args.duration_s,
            "command": "fgrun python benchmarks/fidelity_rayserve.py " + " ".join(sys.argv[1:])}
     repredict(out)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1) + "\n")
-    lines = markdown(out)
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    _save(out, stem)
+    print("\n".join(markdown(out)))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ batch result back), Ray's batches.
   residual delay (least variance), inbound (client send -> batcher) and outbound (replica
   answer -> client).
 
-    python benchmarks/rayserve_paths.py [RESULTS_JSON]
+    python benchmarks/rayserve_paths.py [fidelity_rayserve-TAG]
 """
 
 from __future__ import annotations
@@ -182,30 +182,18 @@ def path_split(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else (
-        ROOT / "benchmarks" / "results" / "fidelity_rayserve-proxy.json")
-    out = json.loads(path.read_text())
+    """Print the path split and the rule check of a results file (default: the committed
+    ``fidelity_rayserve-proxy``; pass another stem, e.g. ``fidelity_rayserve-TAG``).
+    """
+    from benchmarks.fidelity_rayserve import _load  # (that module imports this one)
+
+    out = _load(sys.argv[1] if len(sys.argv) > 1 else "fidelity_rayserve-proxy")
     for st in out["settings"]:
         print(f"== {st['setting']}")
-        for rho in sorted({r["rho"] for r in st["raw"]}):
+        for rho in sorted({r["rho"] for r in st.get("raw", [])}):
             runs = [r for r in st["raw"] if r["rho"] == rho]
-            checks = [rule_check(r, st["max_batch_size"], st["window_ms"]) for r in runs]
             print(f"rho {rho}: split {json.dumps(path_split(runs))}")
-            print(f"rho {rho}: rule {checks}")
-
-
-
-def stage_overheads(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """``service.overheads`` for these runs: the fitted inbound and outbound FIFO costs and
-    the pure delay beside them (the two residual medians), with the fit itself.
-    """
-    split = path_split(runs)
-    inbound, outbound = split["inbound"], split["outbound"]
-    return {"overheads": {"proxy_in_ms": inbound["cost_ms"],
-                          "proxy_out_ms": outbound["cost_ms"],
-                          "request_ms": round(max(0.0, inbound["delay_ms"])
-                                              + max(0.0, outbound["delay_ms"]), 3)},
-            "fit": split}
+            print(f"rho {rho}: rule {rule_check_runs(runs, st['max_batch_size'], st['window_ms'])}")
 
 
 if __name__ == "__main__":
