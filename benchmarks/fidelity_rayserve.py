@@ -15,10 +15,19 @@ replica's busy time; the prediction applies it as ``service.overheads`` (a laten
 the queue), and rho is the load on the replica's busy time at batch 1. Ray's own batch log
 gives the replica's real busy time per batch size, printed beside the calibrated one.
 
-    python benchmarks/fidelity_rayserve.py [--settings 8/5,16/10] [--rhos 0.3,0.6,0.8,0.9]
-        [--runs 3] [--duration-s 10]
+Every run also keeps its raw timestamps: the client's sends and answers, the replica's own
+stamps per request (``/servelab/requests``: user code entered, body read back from the
+proxy, batch result back) and Ray's batches. From them (:mod:`benchmarks.rayserve_paths`)
+the main prediction takes Ray's batching rule as read in its source (``timer: arrival``)
+with the two departures from it that the stamps show, each measured on the *other*
+setting's runs: the timer's lateness and the replica's hand-over between batches. Beside it:
+last round's models, the proxy as a FIFO stage, and diagnostics (see :func:`repredict`).
 
-Writes benchmarks/results/fidelity_rayserve.json and .md.
+    python benchmarks/fidelity_rayserve.py [--settings 8/5,16/10] [--rhos 0.3,0.6,0.8,0.9]
+        [--runs 3] [--duration-s 10] [--tag TAG]
+    python benchmarks/fidelity_rayserve.py --repredict [--tag TAG]
+
+Writes benchmarks/results/fidelity_rayserve[-TAG].json, -raw.json, .md and the profiles.
 """
 
 from __future__ import annotations
