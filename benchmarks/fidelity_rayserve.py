@@ -15,10 +15,19 @@ replica's busy time; the prediction applies it as ``service.overheads`` (a laten
 the queue), and rho is the load on the replica's busy time at batch 1. Ray's own batch log
 gives the replica's real busy time per batch size, printed beside the calibrated one.
 
-    python benchmarks/fidelity_rayserve.py [--settings 8/5,16/10] [--rhos 0.3,0.6,0.8,0.9]
-        [--runs 3] [--duration-s 10]
+Every run also keeps its raw timestamps: the client's sends and answers, the replica's own
+stamps per request (``/servelab/requests``: user code entered, body read back from the
+proxy, batch result back) and Ray's batches. From them (:mod:`benchmarks.rayserve_paths`)
+the main prediction takes Ray's batching rule as read in its source (``timer: arrival``)
+with the two departures from it that the stamps show, each measured on the *other*
+setting's runs: the timer's lateness and the replica's hand-over between batches. Beside it:
+last round's models, the proxy as a FIFO stage, and diagnostics (see :func:`repredict`).
 
-Writes benchmarks/results/fidelity_rayserve.json and .md.
+    python benchmarks/fidelity_rayserve.py [--settings 8/5,16/10] [--rhos 0.3,0.6,0.8,0.9]
+        [--runs 3] [--duration-s 10] [--tag TAG]
+    python benchmarks/fidelity_rayserve.py --repredict [--tag TAG]
+
+Writes benchmarks/results/fidelity_rayserve[-TAG].json, -raw.json, .md and the profiles.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -39,6 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sim  # noqa: E402
+from benchmarks import rayserve_paths  # noqa: E402
+from benchmarks.rayserve_report import markdown  # noqa: E402
+from calibration.profile import LatencyProfile, load_profile  # noqa: E402
 from executor.endpoint.rayserve import RayServeApp, ensure_ray  # noqa: E402
 from executor.endpoint.request_bench import bench_requests  # noqa: E402
 from executor.endpoint.request_calibrate import (  # noqa: E402
@@ -95,6 +108,24 @@ def client_overhead(duration_s: float) -> list[dict[str, Any]]:
     return rows
 
 
+def _raw_run(rho: float, run: int, requests: Any, unix_offset_s: float,
+             ray_requests: list[list[Any]], batches: list[list[float]]) -> dict[str, Any]:
+    """One run's timestamps, unix seconds (6 decimals): per request the client's
+    ``[id, scheduled, sent, answered]`` (answered NaN -> None when it failed) and the
+    replica's ``[id, entered, parsed, answered]``; Ray's batches ``[size, start, finish]``.
+    """
+    def r6(x: float) -> float | None:
+        return None if not np.isfinite(x) else round(float(x), 6)
+
+    client = [[int(i), r6(sch + unix_offset_s), r6(sent + unix_offset_s),
+               r6(fin + unix_offset_s)] for i, sch, sent, fin in zip(
+        requests["id"], requests["scheduled_s"], requests["arrival_s"], requests["finish_s"],
+        strict=True)]
+    return {"rho": rho, "run": run, "client": client,
+            "replica": [[str(i), r6(a), r6(b), r6(c)] for i, a, b, c in ray_requests],
+            "batches": [[int(n), r6(a), r6(b)] for n, a, b in batches]}
+
+
 def busy_by_size(batches: list[list[float]]) -> dict[int, float]:
     """Median busy time (ms) per batch size from Ray's batch log (size, start, finish)."""
     by: dict[int, list[float]] = {}
@@ -103,54 +134,147 @@ def busy_by_size(batches: list[list[float]]) -> dict[int, float]:
     return {b: float(np.median(v)) for b, v in sorted(by.items())}
 
 
-def variants(scenario: dict[str, Any], busy_service: dict[str, Any]
-             ) -> dict[str, dict[str, float]]:
-    """Predictions beside the main one: the request overhead counted as replica busy time
-    (the previous model; a bound from above), and Ray's batcher as it runs
-    (``timer: arrival``: the next batch closes while the replica is busy).
+VARIANTS = ("first_overhead", "arrival_overhead", "overhead_as_busy")
+
+
+def _errors(pred: float, row: dict[str, Any]) -> tuple[float, float, float]:
+    """(error against the runs' mean, min and max error over the runs). The runs' extreme
+    values are kept as ``live_min``/``live_max`` (older files: recovered from the error
+    range of the prediction they were first compared with).
     """
-    out = {}
-    for name, overrides in (("overhead_as_busy", {"service": busy_service}),
-                            ("timer_arrival", {"policy.timer": "arrival"})):
-        summary = sim.run(scenario, overrides).summary
-        out[name] = _row(summary, summary["mean_batch_size"])
-    return out
+    lo, hi = row["live_min"], row["live_max"]
+    mean = row["live_mean"]
+    return (pred - mean) / mean, (pred - hi) / hi, (pred - lo) / lo
+
+
+def _service(st: dict[str, Any], overheads: dict[str, float]) -> dict[str, Any]:
+    service: dict[str, Any] = {"kind": "profile", "path": str(ROOT / st["profile"])}
+    if any(overheads.values()):
+        service["overheads"] = overheads
+    return service
+
+
+def _ray_log_model(st: dict[str, Any], rho: float, models: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """A diagnostic, not a prediction: the main model with each batch's busy time drawn from
+    Ray's own batch log of the same load's runs (plus the measured hand-over), to show how
+    much of the error is the calibrated busy time.
+    """
+    if "arrival_late_handover" not in models:
+        return {}
+    durations: dict[int, list[float]] = {}
+    for run in st.get("raw", []):
+        if run["rho"] == rho:
+            for size, start, finish in run["batches"]:
+                durations.setdefault(int(size), []).append(finish - start)
+    hand_s = st["handover_ms"]["mean"] / 1e3
+    samples = {b: np.array(v) + hand_s for b, v in durations.items() if len(v) >= 5}
+    path = Path(tempfile.mkdtemp(prefix="raylog-")) / "profile.json"
+    LatencyProfile(samples, model={"name": "ray-batch-log"}, extrapolate=True).save(path)
+    overrides, timer = models["arrival_late_handover"]
+    service = {**overrides["service"], "path": str(path), "extrapolate": True}
+    return {"replay_ray_busy": ({**overrides, "service": service}, timer)}
 
 
 def repredict(out: dict[str, Any]) -> None:
-    """Recompute every prediction of a results file from its saved profiles (the simulator
-    is deterministic; the measurements are kept as they are).
+    """Recompute every prediction of a results file from its saved profiles and raw logs
+    (the simulator is deterministic; the measurements are kept as they are).
+
+    The main prediction is Ray's rule as read in its source: ``timer: arrival`` and the
+    proxy as a FIFO stage (``service.overheads.proxy_in_ms``/``proxy_out_ms`` and the pure
+    delay ``request_ms``), the stage fitted on the *other* setting's runs (the proxy does
+    not know the batcher's knobs); beside it the older models.
     """
+    stages = {st["setting"]: rayserve_paths.stage_overheads(
+        [r for other in out["settings"] if other["setting"] != st["setting"]
+         for r in other.get("raw", [])] or st.get("raw", []))
+        for st in out["settings"] if any(o.get("raw") for o in out["settings"])}
     for st in out["settings"]:
-        path = ROOT / st["profile"]
+        for r in st["rows"]:  # the runs' extremes, from the first comparison's error range
+            if "live_min" not in r:
+                pred = r["predicted"]
+                r["live_min"] = pred / (1 + r["error_max"])
+                r["live_max"] = pred / (1 + r["error_min"])
+        stage = stages.get(st["setting"])
+        if stage is not None:
+            others = [o["setting"] for o in out["settings"]
+                      if o["setting"] != st["setting"] and o.get("raw")]
+            stage["fitted_on"] = " and ".join(others) or f"{st['setting']} (its own)"
+            st["proxy_stage"] = stage
+            out["main_model"] = (
+                "`timer: arrival` (Ray's rule), `max_wait_ms` = the window + the median "
+                "lateness of Ray's timer, each batch's busy time + the mean hand-over "
+                "between batches, both measured on the other setting's runs, and the "
+                "calibrated request overhead as a pure delay")
+        if st.get("raw"):
+            st["rule_check"] = [rayserve_paths.rule_check_runs(
+                [r for r in st["raw"] if r["rho"] == rho], st["max_batch_size"],
+                st["window_ms"]) for rho in sorted({r["rho"] for r in st["raw"]})]
         over = st["request_overhead"]["request_ms"]
-        service: dict[str, Any] = {"kind": "profile", "path": str(path)}
-        if over:
-            service["overheads"] = {"request_ms": over}
-        busy_path = path.with_name(path.stem + "-overhead-as-busy.json")
+        busy_path = (ROOT / st["profile"]).with_name(Path(st["profile"]).stem
+                                                     + "-overhead-as-busy.json")
+        models = {
+            "first_overhead": ({"service": _service(st, {"request_ms": over})}, "first"),
+            "arrival_overhead": ({"service": _service(st, {"request_ms": over})}, "arrival"),
+            "overhead_as_busy": ({"service": {"kind": "profile", "path": str(busy_path)}},
+                                 "first")}
+        if stage is not None:
+            models["arrival_proxy"] = ({"service": _service(st, stage["overheads"])},
+                                       "arrival")
+            other_raw = [r for o in out["settings"] if o["setting"] != st["setting"]
+                         for r in o.get("raw", [])] or st["raw"]
+            other = next((o for o in out["settings"] if o["setting"] != st["setting"]), st)
+            late = rayserve_paths.timer_lateness_ms(other_raw, other["max_batch_size"],
+                                                    other["window_ms"])
+            st["timer_lateness_ms"] = late
+            window = st["window_ms"] + late["p50"]
+            models["arrival_late"] = ({"service": _service(st, {"request_ms": over}),
+                                       "policy.max_wait_ms": window}, "arrival")
+            hand = rayserve_paths.handover_ms(other_raw, other["window_ms"])
+            st["handover_ms"] = hand
+            hand_path = (ROOT / st["profile"]).with_name(Path(st["profile"]).stem
+                                                         + "-handover.json")
+            profile = load_profile(ROOT / st["profile"])
+            profile.rescaled({min(profile.samples_s): 1.0}, add_s=hand["mean"] / 1e3).save(
+                hand_path)
+            hand_service = {"kind": "profile", "path": str(hand_path),
+                            "overheads": {"request_ms": over}}
+            models["arrival_late_handover"] = ({"service": hand_service,
+                                                "policy.max_wait_ms": window}, "arrival")
+            # the same with the path outside the batcher as the timestamps measured it on the
+            # other setting (median send -> batcher + answer -> client) instead of calibrate's
+            models["measured_path"] = ({"service": {**hand_service, "overheads": {
+                "request_ms": stage["fit"]["outside_ms_p50"]}},
+                "policy.max_wait_ms": window}, "arrival")
+        # the main prediction: Ray's rule as read in its source, with the two measured
+        # departures from it (timer lateness, per-batch hand-over) taken from the *other*
+        # setting's runs; without raw logs, last round's model
+        models["main"] = models.get("arrival_late_handover", models["first_overhead"])
         for rho in sorted({r["rho"] for r in st["rows"]}):
             rows = [r for r in st["rows"] if r["rho"] == rho]
             scenario = {"name": f"ray-{st['setting']}-rho{rho}", "seed": 11,
-                        "service": service,
+                        "service": _service(st, {}),
                         "workload": {"kind": "poisson", "rate_rps": rows[0]["rate_rps"],
                                      "duration_s": out["duration_s"]},
                         "policy": {"kind": "dynamic", "max_batch_size": st["max_batch_size"],
                                    "max_wait_ms": st["window_ms"], "timer": "first"},
                         "warmup_s": 1}
-            summary = sim.run(scenario).summary
-            main_pred = _row(summary, summary["mean_batch_size"])
-            others = variants(scenario, {"kind": "profile", "path": str(busy_path)})
-            for r in rows:
-                mean = r["live_mean"]
-                r["predicted"], r["error"] = main_pred[r["metric"]], (
-                    main_pred[r["metric"]] - mean) / mean
-                for name, pred_other in others.items():
-                    r[f"predicted_{name}"] = pred_other[r["metric"]]
-                    r[f"error_{name}"] = (pred_other[r["metric"]] - mean) / mean
+            replay = _ray_log_model(st, rho, models)
+            for name, (overrides, timer) in {**models, **replay}.items():
+                summary = sim.run(scenario, {**overrides, "policy.timer": timer}).summary
+                pred = _row(summary, summary["mean_batch_size"])
+                for r in rows:
+                    err, lo, hi = _errors(pred[r["metric"]], r)
+                    if name == "main":
+                        r["predicted"], r["error"] = pred[r["metric"]], err
+                        r["error_min"], r["error_max"] = min(lo, hi), max(lo, hi)
+                    else:
+                        r[f"predicted_{name}"], r[f"error_{name}"] = pred[r["metric"]], err
 
 
 def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], runs: int,
-                duration_s: float, reps: int) -> dict[str, Any]:
+                duration_s: float, reps: int, stem: str = "fidelity_rayserve"
+                ) -> dict[str, Any]:
     """Calibrate at one @serve.batch setting, then predict and measure each rho."""
     sizes = [b for b in (1, 2, 4, 8, 16) if b <= max_batch]
     # calibrated at the scenario's own window: the paired bursts that separate the request
@@ -160,16 +284,16 @@ def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], r
     profile = calibrate_endpoint(url, api="kserve-v2", sizes=sizes, reps=reps, model="minilm",
                                  window_ms=window_ms, server_max_batch=max_batch)
     tag = f"{max_batch}-{window_ms:g}ms"
-    path = profile.save(RESULTS / f"fidelity_rayserve-profile-{tag}.json")
+    path = profile.save(RESULTS / f"{stem}-profile-{tag}.json")
     service = profile_service(profile, str(path))
     # the other bound: the same overhead counted as replica busy time (the previous model)
     over_s = float(service.get("overheads", {}).get("request_ms", 0.0)) / 1e3
-    busy_path = profile.rescaled({sizes[0]: 1.0}, add_s=over_s).save(
-        RESULTS / f"fidelity_rayserve-profile-{tag}-overhead-as-busy.json")
-    busy_service = {"kind": "profile", "path": str(busy_path)}
+    profile.rescaled({sizes[0]: 1.0}, add_s=over_s).save(
+        RESULTS / f"{stem}-profile-{tag}-overhead-as-busy.json")
     s1 = profile.median_s(1)
     rows: list[dict[str, Any]] = []
     ray_batches: list[list[float]] = []
+    raw: list[dict[str, Any]] = []
     for rho in rhos:
         scenario = {"name": f"ray-{tag}-rho{rho}", "seed": 11, "service": service,
                     "workload": {"kind": "poisson", "rate_rps": round(rho / s1, 2),
@@ -177,98 +301,65 @@ def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], r
                     "policy": {"kind": "dynamic", "max_batch_size": max_batch,
                                "max_wait_ms": window_ms, "timer": "first"},
                     "warmup_s": 1, "payload": PAYLOAD}
-        predicted = sim.run(scenario)
-        pred = _row(predicted.summary, predicted.summary["mean_batch_size"])
-        others = variants(scenario, busy_service)
         live = []
         for run in range(runs):
             seen = len(_call(f"{url}/servelab/batches")["batches"])
+            seen_req = len(_call(f"{url}/servelab/requests")["requests"])
             t0 = time.time()
-            measured = bench_requests(scenario, url, api="kserve-v2")
+            clients: list[Any] = []
+            measured = bench_requests(scenario, url, api="kserve-v2", on_client=clients.append)
+            unix_offset_s = clients[0].t0 + (time.time() - time.perf_counter())
             batches = _call(f"{url}/servelab/batches")["batches"][seen:]
+            ray_requests = _call(f"{url}/servelab/requests")["requests"][seen_req:]
             ray_batches += batches
+            raw.append(_raw_run(rho, run, measured.requests, unix_offset_s, ray_requests,
+                                batches))
             live.append(_row(measured.summary, float(np.mean([b[0] for b in batches]))))
             print(f"{tag} rho {rho} run {run}: {live[-1]} ({time.time() - t0:.0f} s; lag p99 "
                   f"{measured.summary['client']['send_lag_ms']['p99']:.1f} ms)", flush=True)
-        for key in METRICS:
+        for key in METRICS:  # predictions: repredict() (from the saved profile, raw logs)
             vals = np.array([r[key] for r in live], dtype=float)
             mean = float(vals.mean())
-            errors = (pred[key] - vals) / vals
             rows.append({"setting": tag, "rho": rho,
                          "rate_rps": scenario["workload"]["rate_rps"], "metric": key,
-                         "live_mean": mean,
-                         "live_spread": float((vals.max() - vals.min()) / mean),
-                         "predicted": pred[key], "error": float((pred[key] - mean) / mean),
-                         **{f"{kind}_{name}": value for name, pred_other in others.items()
-                            for kind, value in (("predicted", pred_other[key]),
-                                                ("error", (pred_other[key] - mean) / mean))},
-                         "error_min": float(errors.min()), "error_max": float(errors.max())})
+                         "live_mean": mean, "live_runs": vals.tolist(),
+                         "live_min": float(vals.min()), "live_max": float(vals.max()),
+                         "live_spread": float((vals.max() - vals.min()) / mean)})
     endpoint = profile.meta["endpoint"]
     return {"setting": tag, "max_batch_size": max_batch, "window_ms": window_ms,
             "profile": str(path.relative_to(ROOT)),
             "request_overhead": endpoint["request_overhead"],
             "profile_busy_ms": {str(b): profile.median_s(b) * 1e3 for b in sizes},
             "ray_busy_ms": {str(b): v for b, v in busy_by_size(ray_batches).items()},
-            "calibration_bursts": endpoint["bursts"], "rows": rows}
+            "calibration_bursts": endpoint["bursts"], "rows": rows, "raw": raw}
 
 
-TARGETS = {"latency_p50_ms": 0.05, "latency_p99_ms": 0.10, "throughput_rps": 0.02,
-           "mean_batch_size": 0.05}
+def _save(out: dict[str, Any], stem: str) -> None:
+    """``STEM.json`` (indented), ``STEM.md`` and the raw logs in ``STEM-raw.json`` (one run
+    per line: they are long lists of timestamps).
+    """
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    raw = {st["setting"]: st.get("raw", []) for st in out["settings"]}
+    lean = {**out, "settings": [{k: v for k, v in st.items() if k != "raw"}
+                                for st in out["settings"]]}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(lean, indent=1) + "\n")
+    if any(raw.values()):
+        lines = [json.dumps({"setting": name, **run}, separators=(",", ":"))
+                 for name, runs in raw.items() for run in runs]
+        (RESULTS / f"{stem}-raw.json").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(markdown(out)) + "\n")
 
 
-def _markdown(out: dict[str, Any]) -> list[str]:
-    lines = ["# Fidelity against Ray Serve (MiniLM, @serve.batch, 1 replica)", "",
-             f"{out['runs']} runs of {out['duration_s']:g} s per load, under `fgrun` (CPU "
-             "priority over the other jobs on this 2-core machine). error = (predicted - "
-             "measured mean) / measured mean; per-run errors: the range of (predicted - run) / "
-             "run; spread = (max - min) / mean over the runs. Targets at rho <= 0.8: p50 5%, "
-             "p99 10%, throughput 2%, mean batch 5%. rho: arrival rate x the replica's "
-             "calibrated busy time at batch 1.", "", f"Command: `{out['command']}`", ""]
-    for st in out["settings"]:
-        over = st["request_overhead"]
-        lines += [f"## max_batch_size {st['max_batch_size']}, batch_wait_timeout "
-                  f"{st['window_ms']:g} ms", "",
-                  f"Request overhead outside the replica (applied as service.overheads): "
-                  f"{over['request_ms']:.1f} ms ({over.get('method', '')}, at size "
-                  f"{over.get('from_size')}).", "",
-                  "| batch size | calibrated busy ms | outside ms | pairs queued | Ray's batch "
-                  "log busy ms | burst split? |", "|---|---|---|---|---|---|"]
-        for b, v in st["profile_busy_ms"].items():
-            ray = st["ray_busy_ms"].get(b)
-            pair = over.get("sizes", {}).get(b, {})
-            split = st["calibration_bursts"].get(b, {}).get("probably_split")
-            lines.append(f"| {b} | {v:.1f} | {pair.get('outside_ms', float('nan')):.1f} | "
-                         f"{pair.get('queued_pairs', 0)}/{over.get('pairs', 0)} | "
-                         f"{'' if ray is None else f'{ray:.1f}'} | {'yes' if split else ''} |")
-        lines += ["", "| rho | rate req/s | metric | measured | spread | predicted | error "
-                  "| per-run errors | target | error, overhead as busy time | error, timer "
-                  "arrival |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in st["rows"]:
-            target = TARGETS.get(r["metric"])
-            verdict = "" if target is None or r["rho"] > 0.8 else (
-                "met" if abs(r["error"]) <= target else "missed")
-            lines.append(f"| {r['rho']} | {r['rate_rps']} | {r['metric']} | "
-                         f"{r['live_mean']:.2f} | {r['live_spread']:.0%} | {r['predicted']:.2f} "
-                         f"| {r['error']:+.1%} | {r['error_min']:+.0%}..{r['error_max']:+.0%} "
-                         f"| {verdict} | {r['error_overhead_as_busy']:+.1%} | "
-                         f"{r.get('error_timer_arrival', float('nan')):+.1%} |")
-        lines.append("")
-    lines += ["Columns: *predicted* is servelab's prediction (profile of busy times, the request "
-              "overhead as `service.overheads`, `timer: first`); *error, overhead as busy time* "
-              "the previous model (the overhead added to every batch's service time: a bound "
-              "from above on queueing); *error, timer arrival* the main prediction with "
-              "`timer: arrival` (Ray's batcher closes the next batch while the replica is busy, "
-              "`ray/serve/batching.py`). `python benchmarks/fidelity_rayserve.py --repredict` "
-              "recomputes the predictions from the saved profiles. The dyn-demo probe re-run "
-              "(per-size scales in the live compare) is in `dyn_demo_probe.md`.", "",
-              "Client against the local stub (instant answers):", "",
-              "| offered req/s | throughput | p50 ms | p99 ms | send lag p99 ms | CPU share |",
-              "|---|---|---|---|---|---|"]
-    for c in out["client_overhead"]:
-        lines.append(f"| {c['offered_rps']} | {c['throughput_rps']:.0f} | "
-                     f"{c['latency_p50_ms']:.2f} | {c['latency_p99_ms']:.2f} | "
-                     f"{c['send_lag_p99_ms']:.2f} | {c['client_cpu_share']:.0%} |")
-    return lines
+def _load(stem: str) -> dict[str, Any]:
+    """A results file with its raw logs put back (see :func:`_save`)."""
+    out: dict[str, Any] = json.loads((RESULTS / f"{stem}.json").read_text())
+    raw_path = RESULTS / f"{stem}-raw.json"
+    if raw_path.exists():
+        runs = [json.loads(line) for line in raw_path.read_text().splitlines() if line]
+        for st in out["settings"]:
+            st["raw"] = [{k: v for k, v in r.items() if k != "setting"} for r in runs
+                         if r["setting"] == st["setting"]]
+    return out
 
 
 def main() -> None:
@@ -279,15 +370,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--duration-s", type=float, default=10.0)
     ap.add_argument("--reps", type=int, default=8, help="calibration bursts per size")
+    ap.add_argument("--tag", default="",
+                    help="write fidelity_rayserve-TAG.{json,md} and its profiles (default: "
+                         "fidelity_rayserve.{json,md})")
     ap.add_argument("--repredict", action="store_true",
                     help="recompute the predictions of the committed results (no server)")
     args = ap.parse_args()
+    stem = f"fidelity_rayserve-{args.tag}" if args.tag else "fidelity_rayserve"
     if args.repredict:
-        out = json.loads((RESULTS / "fidelity_rayserve.json").read_text())
+        out = _load(stem)
         repredict(out)
-        (RESULTS / "fidelity_rayserve.json").write_text(json.dumps(out, indent=1) + "\n")
-        (RESULTS / "fidelity_rayserve.md").write_text("\n".join(_markdown(out)) + "\n")
-        print("\n".join(_markdown(out)))
+        _save(out, stem)
+        print("\n".join(markdown(out)))
         return
     rhos = [float(x) for x in args.rhos.split(",")]
     settings = [(int(a), float(b)) for a, b in (x.split("/") for x in args.settings.split(","))]
@@ -301,17 +395,15 @@ def main() -> None:
     try:
         for max_batch, window_ms in settings:
             results.append(one_setting(app.url, max_batch, window_ms, rhos, args.runs,
-                                       args.duration_s, args.reps))
+                                       args.duration_s, args.reps, stem))
     finally:
         app.stop()
     out = {"load_average_at_end": os.getloadavg(), "settings": results,
            "client_overhead": overhead, "runs": args.runs, "duration_s": args.duration_s,
            "command": "fgrun python benchmarks/fidelity_rayserve.py " + " ".join(sys.argv[1:])}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fidelity_rayserve.json").write_text(json.dumps(out, indent=1) + "\n")
-    lines = _markdown(out)
-    (RESULTS / "fidelity_rayserve.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    repredict(out)
+    _save(out, stem)
+    print("\n".join(markdown(out)))
 
 
 if __name__ == "__main__":

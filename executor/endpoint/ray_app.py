@@ -9,6 +9,9 @@ One deployment behind ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` ans
 * plain JSON: ``POST /predict`` with ``{"inputs": [...]}`` (the items);
 * ``GET /servelab/batches``: the batches the answering replica (its process id) ran (size,
   start, finish), for tests only: a black-box client cannot see batches;
+* ``GET /servelab/requests``: per v2 inference request the replica answered, ``[id, entered,
+  parsed, answered]`` (unix times: user code entered, body read from the proxy, batch result
+  back), for the fidelity benchmark's split of the path outside the batcher;
 * ``POST /servelab/config`` with ``max_batch_size`` and/or ``batch_wait_timeout_s``: change
   the answering replica's batcher at run time (Ray's ``set_max_batch_size`` /
   ``set_batch_wait_timeout_s``), so a test can calibrate with a window wider than a burst's
@@ -63,6 +66,7 @@ class Model:
         self.kind = cfg.get("model", "sleep")
         self.name = cfg.get("model_name", self.kind)
         self.batches: list[tuple[int, float, float]] = []
+        self.requests: list[tuple[str, float, float, float]] = []
         self.infer.set_max_batch_size(int(cfg.get("max_batch_size", 8)))
         self.infer.set_batch_wait_timeout_s(float(cfg.get("batch_wait_timeout_s", 0.005)))
         if self.kind == "minilm":
@@ -117,6 +121,7 @@ class Model:
 
     async def __call__(self, request: Request) -> Response:
         """Route by path: v2 health/metadata/infer, /predict, /servelab/batches."""
+        entered = time.time()
         path = request.url.path.rstrip("/")
         if request.method == "GET":
             if path in ("/v2/health/live", "/v2/health/ready", f"/v2/models/{self.name}/ready"):
@@ -125,11 +130,14 @@ class Model:
                 return JSONResponse(self._metadata())
             if path == "/servelab/batches":
                 return JSONResponse({"replica": os.getpid(), "batches": self.batches})
+            if path == "/servelab/requests":
+                return JSONResponse({"replica": os.getpid(), "requests": self.requests})
             return _error(404, f"no route GET {path}")
         try:
             body = await request.json()
         except ValueError:
             return _error(400, "the body is not JSON")
+        parsed = time.time()
         if path == "/servelab/config" and isinstance(body, dict):
             if "max_batch_size" in body:
                 self.infer.set_max_batch_size(int(body["max_batch_size"]))
@@ -148,6 +156,7 @@ class Model:
             items = tensor["data"][:shape[0]] if self.kind == "minilm" else list(
                 range(shape[0]))
             vectors = await self.infer(items)
+            self.requests.append((str(body.get("id", "")), entered, parsed, time.time()))
             width = len(vectors[0]) if vectors else 0
             return JSONResponse({
                 "model_name": self.name, "model_version": "1", "id": body.get("id", ""),

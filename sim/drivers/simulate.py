@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from sim.drivers.engine import SimPyDriver
+from sim.drivers.proxy_stage import fifo_departures, outbound_departures
 from sim.metrics.rundir import Result, fleet_tables, run_meta
 from sim.metrics.summary import summarize, summary_from_folds
 from sim.metrics.summary_sink import SummarySink
@@ -44,7 +45,7 @@ def summary_fallback(scenario: Scenario) -> str | None:
     """
     if scenario.autoscaling is not None:
         return "autoscaled runs keep full records (their cold-start metrics read them)"
-    if request_overhead_s(scenario):
+    if request_overhead_s(scenario) or any(proxy_costs_s(scenario)):
         return "runs with service.overheads keep full records (the overhead is added to them)"
     if scenario.workload.kind == "closed" and getattr(scenario.workload, "duration_s",
                                                       None) is None:
@@ -57,6 +58,14 @@ def request_overhead_s(scenario: Scenario) -> float:
     """The per-request overhead outside the queue (``service.overheads.request_ms``), in s."""
     cfg = getattr(scenario.service, "overheads", None)
     return cfg.request_ms / 1e3 if cfg is not None else 0.0
+
+
+def proxy_costs_s(scenario: Scenario) -> tuple[float, float]:
+    """The proxy stage's per-request costs (in, out) in s (``service.overheads``)."""
+    cfg = getattr(scenario.service, "overheads", None)
+    if cfg is None:
+        return 0.0, 0.0
+    return getattr(cfg, "proxy_in_ms", 0.0) / 1e3, getattr(cfg, "proxy_out_ms", 0.0) / 1e3
 
 
 def run(scenario: Scenario | dict[str, Any] | str | Path,
@@ -108,6 +117,12 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
     if service is not None:
         model = service(model)
     core = build_core(scn, streams, model.median_s, records=kept)
+    proxy_in_s, proxy_out_s = proxy_costs_s(scn)
+    client_arrival_s = None
+    if proxy_in_s:  # the core sees each request when the proxy's inbound stage lets it go
+        seen_s = view(core.table.arrival_s, core.table.n)
+        client_arrival_s = seen_s.copy()
+        seen_s[:] = fifo_departures(client_arrival_s, proxy_in_s)
     horizon_s = planned_horizon_s(scn, core)
     until_s = None
     if drain_timeout_s is not None and math.isfinite(horizon_s + drain_timeout_s):
@@ -139,6 +154,11 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         queue = QueueSeries().to_frame()
     else:
         requests = core.table.to_frame(admitted)
+        if client_arrival_s is not None:  # latency runs from the client's send
+            requests["arrival_s"] = client_arrival_s[:admitted]
+        if proxy_out_s:
+            requests["finish_s"] = outbound_departures(requests["finish_s"].to_numpy(),
+                                                       proxy_out_s)
         overhead_s = request_overhead_s(scn)
         if overhead_s:  # the client sees each answer this much later; the queue does not
             requests["finish_s"] = requests["finish_s"] + overhead_s

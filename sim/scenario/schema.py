@@ -56,6 +56,18 @@ class OverheadsCfg(_Strict):
     request_ms: float = Field(0.0, ge=0)
 
 
+class RequestOverheadsCfg(OverheadsCfg):
+    """The request-level overheads: ``request_ms`` (a pure delay) and an HTTP proxy in front
+    of the replicas as a single-server FIFO stage (Ray Serve's proxy: one asyncio loop for
+    every request): each request holds it ``proxy_in_ms`` before the replica's queue sees it
+    and ``proxy_out_ms`` after its batch ends, so requests that reach it together queue
+    there (``sim/drivers/proxy_stage.py``).
+    """
+
+    proxy_in_ms: float = Field(0.0, ge=0)
+    proxy_out_ms: float = Field(0.0, ge=0)
+
+
 class ProfileServiceCfg(_Strict):
     """Bootstrap from a measured latency profile (``overheads``: added to each request's
     latency outside the queue, as ``calibrate --endpoint`` measured them).
@@ -65,7 +77,7 @@ class ProfileServiceCfg(_Strict):
     path: str = "builtin:minilm-cpu"
     deterministic: bool = False
     extrapolate: bool = False
-    overheads: OverheadsCfg | None = None
+    overheads: RequestOverheadsCfg | None = None
 
 
 class LinearServiceCfg(_Strict):

@@ -153,6 +153,30 @@ def test_dynamic_arrival_timer_full_batch_closes_at_its_last_arrival() -> None:
     assert log[2][1] == Decision(wake_at_s=pytest.approx(0.0066))
 
 
+def test_dynamic_arrival_timer_a_backlog_past_max_as_rays_batcher_takes_it() -> None:
+    # Ray 2.60 batching.py: wait_for_batch takes the first queued request, starts the clock,
+    # moves up to max_batch_size queued requests in at once and closes a full batch at once
+    # (l. 267-355); _process_batches then forms the next batch at once, while the replica
+    # still runs (l. 474-495). Five requests at 0, max 2, window 5 ms, one more at 3 ms and
+    # one at 9 ms, the replica busy until 20 ms. By hand: [0, 1] closes at 0 (full); [2, 3]
+    # starts its clock at that close (0) and is full at once; [4] starts its clock at 0 too
+    # (the previous close, not its own later look) and is full when request 5 comes (3 ms);
+    # request 6 (9 ms) opens a new batch, its clock at its arrival: closes at 14 ms.
+    fq = FakeQueue([0.0, 0.0, 0.0, 0.0, 0.0, 0.003, 0.009])
+    policy = DynamicBatching(max_batch_size=2, max_wait_ms=5, timer="arrival")
+    log = replay(policy, fq, [0.020, 0.021, 0.022, 0.023])
+    assert [d.dispatch for _, d in log] == [(0, 1), (2, 3), (4, 5), (6,)]
+    # asked before the last clock runs out (the replica freed early), it waits for it
+    fq = FakeQueue([0.0, 0.0, 0.0, 0.0, 0.0, 0.003, 0.009])
+    policy = DynamicBatching(max_batch_size=2, max_wait_ms=5, timer="arrival")
+    log = replay(policy, fq, [0.0, 0.0, 0.002, 0.004, 0.010, 0.014])
+    assert [(d.dispatch, d.wake_at_s) for _, d in log] == [
+        ((0, 1), None), ((2, 3), None),
+        ((), pytest.approx(0.005)),  # [4] alone at 2 ms: its clock (from 0) ends at 5 ms
+        ((4, 5), None),  # full at 3 ms
+        ((), pytest.approx(0.014)), ((6,), None)]
+
+
 def test_dynamic_dispatches_a_full_batch_at_once() -> None:
     fq = FakeQueue([0.0] * 10)
     log = replay(DynamicBatching(max_batch_size=4, max_wait_ms=50), fq, [0.0, 0.0, 0.0])
