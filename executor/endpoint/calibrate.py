@@ -54,6 +54,10 @@ DECODE_PROMPTS = (32, 512, 1088)
 OUTPUT_TOKENS = 64
 CHUNKS = 4  # chunks of the chunked-prefill probe's prompt
 MIN_REPS = 3
+# One to four decoding sequences: three times the samples. Five per one-sequence cell left
+# the tiny vLLM's cells 15-30% apart between two calibrations of the same server, and TPOT
+# at ρ 0.3 is those cells' value
+SMALL_BATCH_REPS = 3
 SERVER_ITL = ("inter_token_latency_seconds", "time_per_output_token_seconds")
 # vLLM's engine-side time from scheduling a request to its first token (first_token_ts -
 # scheduled_ts, both stamped in the engine core): one prefill step when nothing else runs
@@ -102,19 +106,25 @@ def plan_grid(max_model_len: int, max_num_seqs: int | None,
 
 
 def _runs(seqs: int, reps: int) -> int:
-    """Decode runs at ``seqs`` sequences: enough for ``reps`` per-stream samples."""
-    return max(1, math.ceil(reps / seqs))
+    """Decode runs at ``seqs`` sequences: enough for ``reps`` per-stream samples, and
+    :data:`SMALL_BATCH_REPS` times that for batches of up to ``probes.SMALL_BATCH``
+    (at low load most steps decode one to four sequences: their cells set TPOT).
+    """
+    want = reps * (SMALL_BATCH_REPS if seqs <= probes.SMALL_BATCH else 1)
+    return max(1, math.ceil(want / seqs))
 
 
 def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float) -> float:
     """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
     ITL (decode steps assumed to grow linearly with sequences, by a quarter step each; each
-    decode batch prefills its ``D`` prompts at the long prefill's speed per token).
+    decode batch prefills its ``D`` prompts at the long prefill's speed per token; a lone
+    stream's run is one batch, a larger one's a short and a long batch).
     """
     prefill = reps * len(grid["prefill_tokens"]) * ttft_s
     per_token_s = ttft_s / grid["prefill_tokens"][-1]
-    decode = sum(_runs(d, reps) * (1.25 * OUTPUT_TOKENS * itl_s * (1 + d / 4)
-                                   + 2 * max(ttft_s, d * p * per_token_s))
+    decode = sum(_runs(d, reps) * ((1.25 if d > 1 else 1.0) * OUTPUT_TOKENS * itl_s
+                                   * (1 + d / 4)
+                                   + (2 if d > 1 else 1) * max(ttft_s, d * p * per_token_s))
                  for d in grid["decode_seqs"] for p in grid["decode_prompts"])
     chunked = reps * ttft_s * grid["chunked"][1] if grid["chunked"] else 0.0
     return prefill + decode + chunked + OUTPUT_TOKENS * 2 * itl_s * 2
