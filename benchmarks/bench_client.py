@@ -17,7 +17,8 @@ cost; without it, or at the highest rate, it is the real cost).
 Target on the development machine: >= 2,000 streamed requests/s and <= 1 ms added at p99.
 
 Usage: python benchmarks/bench_client.py [--rates 1000,2000,3000] [--v2-rates 2000]
-Writes benchmarks/results/bench_client.md and bench_client.json.
+Writes benchmarks/results/bench_client.md and bench_client.json (``--tag T``: with -T in the
+names).
 """
 
 from __future__ import annotations
@@ -275,6 +276,8 @@ def main() -> None:
     ap.add_argument("--timers", default="precise",
                     help="the client's send timer: precise (timerfd), loop (the event "
                          "loop's 1 ms timers); several: compared")
+    ap.add_argument("--tag", default="",
+                    help="suffix of the results' names (a run kept beside the main one)")
     ap.add_argument("--note", default="", help="how the run was made (e.g. under fgrun)")
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",") if r]
@@ -351,8 +354,9 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_client.md").write_text(text)
-    (RESULTS / "bench_client.json").write_text(json.dumps(
+    suffix = f"-{args.tag}" if args.tag else ""
+    (RESULTS / f"bench_client{suffix}.md").write_text(text)
+    (RESULTS / f"bench_client{suffix}.json").write_text(json.dumps(
         {"llm": llm_rows, "v2": v2_rows, "floor": floor_rows, "versions": versions(),
          "host": platform.node(), "cpus": os.cpu_count(), "loop": loop,
          "note": args.note}, indent=1))

@@ -14,7 +14,14 @@ import pytest
 from calibration.step_profile import StepProfile
 from executor.endpoint import probes
 from executor.endpoint.bench import make_jobs
-from executor.endpoint.calibrate import SMALL_BATCH_REPS, _fit, _request_s, _runs, plan_grid
+from executor.endpoint.calibrate import (
+    SMALL_BATCH_REPS,
+    _fit,
+    _request_s,
+    _runs,
+    estimate_s,
+    plan_grid,
+)
 from executor.endpoint.client import Job, Outcome
 from executor.endpoint.compare_endpoint import _geomean
 from executor.endpoint.probes import (
@@ -210,3 +217,11 @@ def test_one_sequence_decode_is_its_stream_not_two_requests_ttfts(
 def test_small_decode_batches_get_three_times_the_samples() -> None:
     assert [_runs(d, 5) for d in (1, 2, 4, 8, 16)] == [15, 8, 4, 1, 1]
     assert SMALL_BATCH == 4 and SMALL_BATCH_REPS == 3
+
+
+def test_a_tight_budget_gives_up_the_small_batches_extra_samples_first() -> None:
+    grid = plan_grid(4096, 64, 2048)
+    full = estimate_s(grid, 5, 0.2, 0.003)
+    plain = estimate_s(grid, 5, 0.2, 0.003, small_reps=1)
+    assert plain < full
+    assert _runs(1, 3, 1) == 3 and _runs(2, 3, 1) == 2  # the smallest plan: as before
