@@ -272,9 +272,9 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
         model = names[0]
     url = base + APIS[api]
     preflight(url, api, model)
-    before = server_info.metrics(base)
-    schedule, prompt, output = llm_schedule(scn)
     chat = chat_prompts.measure(url, model) if api == "openai-chat" else None
+    before = server_info.metrics(base)  # after the set-up requests: the run's own counts
+    schedule, prompt, output = llm_schedule(scn)
     salt = secrets.randbits(31) if prompt_salt is None else int(prompt_salt)
     jobs = make_jobs(schedule.arrival_s, prompt, output, api, scn.seed, (lo, hi), chat,
                      trace_prompts(scn, schedule.rows, prompt, (lo, hi), content_seed), salt)

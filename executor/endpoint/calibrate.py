@@ -54,6 +54,10 @@ DECODE_PROMPTS = (32, 512, 1088)
 OUTPUT_TOKENS = 64
 CHUNKS = 4  # chunks of the chunked-prefill probe's prompt
 MIN_REPS = 3
+# One to four decoding sequences: three times the samples. Five per one-sequence cell left
+# the tiny vLLM's cells 15-30% apart between two calibrations of the same server, and TPOT
+# at ρ 0.3 is those cells' value
+SMALL_BATCH_REPS = 3
 SERVER_ITL = ("inter_token_latency_seconds", "time_per_output_token_seconds")
 # vLLM's engine-side time from scheduling a request to its first token (first_token_ts -
 # scheduled_ts, both stamped in the engine core): one prefill step when nothing else runs
@@ -101,20 +105,27 @@ def plan_grid(max_model_len: int, max_num_seqs: int | None,
     return grid
 
 
-def _runs(seqs: int, reps: int) -> int:
-    """Decode runs at ``seqs`` sequences: enough for ``reps`` per-stream samples."""
-    return max(1, math.ceil(reps / seqs))
+def _runs(seqs: int, reps: int, small_reps: int = SMALL_BATCH_REPS) -> int:
+    """Decode runs at ``seqs`` sequences: enough for ``reps`` per-stream samples, and
+    ``small_reps`` times that for batches of up to ``probes.SMALL_BATCH`` (at low load
+    most steps decode one to four sequences: their cells set TPOT).
+    """
+    want = reps * (small_reps if seqs <= probes.SMALL_BATCH else 1)
+    return max(1, math.ceil(want / seqs))
 
 
-def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float) -> float:
+def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float,
+               small_reps: int = SMALL_BATCH_REPS) -> float:
     """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
     ITL (decode steps assumed to grow linearly with sequences, by a quarter step each; each
-    decode batch prefills its ``D`` prompts at the long prefill's speed per token).
+    decode batch prefills its ``D`` prompts at the long prefill's speed per token; a lone
+    stream's run is one batch, a larger one's a short and a long batch).
     """
     prefill = reps * len(grid["prefill_tokens"]) * ttft_s
     per_token_s = ttft_s / grid["prefill_tokens"][-1]
-    decode = sum(_runs(d, reps) * (1.25 * OUTPUT_TOKENS * itl_s * (1 + d / 4)
-                                   + 2 * max(ttft_s, d * p * per_token_s))
+    decode = sum(_runs(d, reps, small_reps) * ((1.25 if d > 1 else 1.0) * OUTPUT_TOKENS * itl_s
+                                   * (1 + d / 4)
+                                   + (2 if d > 1 else 1) * max(ttft_s, d * p * per_token_s))
                  for d in grid["decode_seqs"] for p in grid["decode_prompts"])
     chunked = reps * ttft_s * grid["chunked"][1] if grid["chunked"] else 0.0
     return prefill + decode + chunked + OUTPUT_TOKENS * 2 * itl_s * 2
@@ -194,18 +205,25 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
     ttft_long = max(probes.prefill_ttft_s(target, grid["prefill_tokens"][-1], 2))
     itl_one = float(np.median(probes.decode_itl_s(target, 1, 16, 32) or [ttft_long]))
     left = budget_s - (time.perf_counter() - t_start)
-    while reps > MIN_REPS and estimate_s(grid, reps, ttft_long, itl_one) > left:
+    # a tight budget gives up the small batches' extra samples first, then repetitions,
+    # then the largest batch sizes
+    small = SMALL_BATCH_REPS
+    while small > 1 and estimate_s(grid, reps, ttft_long, itl_one, small) > left:
+        small -= 1
+    while reps > MIN_REPS and estimate_s(grid, reps, ttft_long, itl_one, small) > left:
         reps -= 1
-    while estimate_s(grid, reps, ttft_long, itl_one) > left and len(grid["decode_seqs"]) > 2:
+    while (estimate_s(grid, reps, ttft_long, itl_one, small) > left
+           and len(grid["decode_seqs"]) > 2):
         grid["decode_seqs"].pop()
-    need = estimate_s(grid, reps, ttft_long, itl_one)
+    need = estimate_s(grid, reps, ttft_long, itl_one, small)
     if need > left:
         raise EndpointError(f"--budget-s {budget_s:g}: too small for this server; the "
                             f"smallest plan takes about {need + budget_s - left:.0f} s")
-    info["reps"] = reps
+    info["reps"], info["small_batch_reps"] = reps, small
     say(f"plan (about {need:.0f} s of {left:.0f} s left): prefill {grid['prefill_tokens']} "
         f"tokens × {reps}; decode {grid['decode_seqs']} sequences at prompts "
-        f"{grid['decode_prompts']} × {OUTPUT_TOKENS} output tokens; one mixed step probe "
+        f"{grid['decode_prompts']} × {OUTPUT_TOKENS} output tokens ({small} × the samples "
+        f"for 1-{probes.SMALL_BATCH} sequences); one mixed step probe "
         "(Ctrl-C or SIGTERM writes the points measured so far)")
     engine: dict[int, float] = {}
     for p in grid["prefill_tokens"]:
@@ -220,7 +238,8 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
     for prompt, ctx in zip(grid["decode_prompts"], contexts, strict=True):
         for d in grid["decode_seqs"]:
             before = server_info.metrics(base) if d == 1 else None
-            samples = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS, _runs(d, reps))
+            samples = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS,
+                                          _runs(d, reps, small))
             if not samples:
                 raise EndpointError(f"decode probe of {d} sequences: longer outputs did not "
                                     "take longer (a server too noisy to probe, or one that "

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.endpoint.http1 import ConnectError, CutError, Pool, Reply
+from executor.endpoint.precise_timer import open_timer
 
 APIS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 CAUSES = ("refused", "http_NNN", "timeout", "stream_cut", "malformed_sse", "too_few_tokens",
@@ -257,11 +258,13 @@ class OpenLoop:
             (default: :func:`send`, SSE streams; request-level APIs wrap
             :func:`executor.endpoint.request_client.send_request`).
         spin_s: How long before a send the client stops sleeping and yields in a busy loop
-            instead (sub-ms send times at the cost of a busy core). Default 0: never spin;
-            sends leave up to the timers' 1 ms grain late (recorded as send lag), the core
-            stays free for the server, and the latency the client adds is lower: a busy
-            core is preempted by whatever else runs (benchmarks/results/bench_client.md:
-            p99 added 0.7 ms without the spin, 2.2 ms with it, at 2,000 streamed req/s).
+            instead. Default 0: never spin. A busy core is preempted by whatever else runs
+            (the client benchmark of commit a41b9e9, before the precise timer: p99 added
+            2.2 ms with a 1 ms spin against 0.7 ms without, at 2,000 streamed req/s).
+        precise_timer: Wake at each send time from a ``timerfd``
+            (:mod:`executor.endpoint.precise_timer`; Linux) instead of the loop's 1 ms
+            timers, so sends leave on time rather than in bursts; False, or no
+            ``timerfd``: the loop's timers (sends up to 1 ms late, recorded as send lag).
     """
 
     url: str
@@ -276,6 +279,7 @@ class OpenLoop:
     make_body: Callable[[Job], bytes] | None = None
     sender: Callable[..., Awaitable[None]] | None = None
     spin_s: float = 0.0
+    precise_timer: bool = True
     outcomes: list[Outcome] = field(default_factory=list)
     stopped_at_s: float | None = None
     end_s: float = 0.0
@@ -304,6 +308,7 @@ class OpenLoop:
         chat = self.api == "openai-chat"
         tasks: set[asyncio.Task[None]] = set()
         pool = Pool(self.url)
+        timer = open_timer(precise=self.precise_timer)
         try:
             make = self.make_body or (lambda j: json.dumps(
                 payload(self.api, self.model, j, self.extra_body)).encode())
@@ -325,13 +330,18 @@ class OpenLoop:
             for job, body in zip(self.jobs, bodies, strict=True):
                 if job.scheduled_s >= self.deadline_s:
                     break
-                # the loop's timers have a 1 ms grain (epoll's and libuv's timeouts): nap
-                # until spin_s before, then yield to the other tasks until the time comes
-                wait = job.scheduled_s - (time.perf_counter() - t0)
-                while wait > 0 and not self._stop.is_set():  # short naps: a stop is seen
-                    await asyncio.sleep(min(max(wait - spin, 0.001), 0.1) if wait > spin
-                                        else 0)
-                    wait = job.scheduled_s - (time.perf_counter() - t0)
+                # a timerfd wakes the loop at the send time (the loop's own timers have a
+                # 1 ms grain: sends would leave in bursts); with spin_s, it wakes spin_s
+                # before and yields to the other tasks until the time comes
+                due = t0 + job.scheduled_s
+                while not self._stop.is_set():  # naps of at most 0.1 s: a stop is seen
+                    now = time.perf_counter()
+                    if now >= due:
+                        break
+                    if due - now > spin:
+                        await timer.sleep_until(min(due - spin, now + 0.1))
+                    else:
+                        await asyncio.sleep(0)
                 if self._stop.is_set():
                     break
                 out = Outcome(job.index, job.scheduled_s)
@@ -350,6 +360,7 @@ class OpenLoop:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
+            timer.close()
             pool.close()
         return self.outcomes
 

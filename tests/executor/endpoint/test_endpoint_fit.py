@@ -1,6 +1,7 @@
 """The endpoint calibration's fit and the bench's prompts, without a server: fresh prompts
 per salt, histogram buckets from ``/metrics``, the per-request overhead from the server's own
-prefill time or a curved TTFT intercept, the chunked-prefill probe's plan and its fit.
+prefill time or a curved TTFT intercept, the chunked-prefill probe's plan and its fit, and
+the decode probe's estimators.
 """
 
 from __future__ import annotations
@@ -11,11 +12,25 @@ import numpy as np
 import pytest
 
 from calibration.step_profile import StepProfile
+from executor.endpoint import probes
 from executor.endpoint.bench import make_jobs
-from executor.endpoint.calibrate import _fit, _request_s, plan_grid
-from executor.endpoint.client import Outcome
+from executor.endpoint.calibrate import (
+    SMALL_BATCH_REPS,
+    _fit,
+    _request_s,
+    _runs,
+    estimate_s,
+    plan_grid,
+)
+from executor.endpoint.client import Job, Outcome
 from executor.endpoint.compare_endpoint import _geomean
-from executor.endpoint.probes import MAX_EXTRA_TOKENS, _after_prefills_s, _overlap_tokens
+from executor.endpoint.probes import (
+    MAX_EXTRA_TOKENS,
+    SMALL_BATCH,
+    Target,
+    _after_prefills_s,
+    _overlap_tokens,
+)
 from executor.endpoint.server_info import parse_metrics
 
 PAGE = """# HELP vllm:iteration_tokens_total Number of tokens per engine_step.
@@ -147,3 +162,66 @@ def test_a_probe_scale_within_the_probes_own_noise_stays_one() -> None:
     assert scales[1] == 1.0  # mean 0.90, but before and after differ by 12%: noise
     assert scales[8] == pytest.approx(math.sqrt(1.30 * 1.34))  # slower on both sides: drift
     assert scales[64] == 1.0
+
+
+def test_small_batches_are_timed_from_their_chunks_unless_they_came_in_bursts() -> None:
+    lone = [_stream(0, 0.1, 0.003, 64)]
+    assert _after_prefills_s(lone, 24, always=True) == pytest.approx([0.003])
+    together = [_stream(i, 0.001 * i, 0.010, 64) for i in range(4)]
+    assert _after_prefills_s(together, 24, always=True) == pytest.approx([0.010] * 4)
+    # a busy API server sent four tokens per chunk: the chunks' times mislead
+    burst = Outcome(0, 0.0, 0.0, 0.0, chunk_s=[0.1 + 0.012 * k for k in range(16)],
+                    chunk_tokens=[4] * 16, status="ok")
+    assert _after_prefills_s([burst], 24, always=True) is None
+
+
+def _fake_server(monkeypatch: pytest.MonkeyPatch, step_s: float, tokens_per_chunk: int
+                 ) -> list[int]:
+    """``probes.send`` answered by a server whose TTFT scatters over 50-250 ms (seeded) and
+    whose decode steps take ``step_s``; returns the output lengths of the batches sent.
+    """
+    rng = np.random.default_rng(7)
+    sent: list[int] = []
+
+    def send(target: Target, jobs: list[Job], one_at_a_time: bool = False) -> list[Outcome]:
+        sent.append(jobs[0].output_tokens)
+        first = float(rng.uniform(0.05, 0.25))
+        outs = []
+        for job in jobs:
+            n = job.output_tokens
+            ends = sorted({*range(tokens_per_chunk, n, tokens_per_chunk), n - 1})
+            times = [first] + [first + step_s * k for k in ends]
+            counts = [1] + [b - a for a, b in zip([0, *ends], ends, strict=False)]
+            outs.append(Outcome(job.index, 0.0, 0.0, 0.0, chunk_s=times,
+                                chunk_tokens=counts, status="ok"))
+        return outs
+
+    monkeypatch.setattr(probes, "send", send)
+    return sent
+
+
+def test_one_sequence_decode_is_its_stream_not_two_requests_ttfts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    target = Target("http://x/v1/completions", "m", np.random.default_rng(1))
+    sent = _fake_server(monkeypatch, 0.003, 1)
+    samples = probes.decode_itl_s(target, 1, 512, 64, runs=15)
+    assert samples == pytest.approx([0.003] * 15)  # the TTFTs' scatter stays out
+    assert sent == [64] * 15  # one long request per run: no short batch needed
+    # a stream that came in bursts: by difference, with a short batch per run
+    sent = _fake_server(monkeypatch, 0.003, 8)
+    by_difference = probes.decode_itl_s(target, 1, 512, 64, runs=3)
+    assert sent == [64, 16] * 3 and len(by_difference) == 3
+    assert any(abs(v - 0.003) > 1e-4 for v in by_difference)  # the TTFTs' scatter shows
+
+
+def test_small_decode_batches_get_three_times_the_samples() -> None:
+    assert [_runs(d, 5) for d in (1, 2, 4, 8, 16)] == [15, 8, 4, 1, 1]
+    assert SMALL_BATCH == 4 and SMALL_BATCH_REPS == 3
+
+
+def test_a_tight_budget_gives_up_the_small_batches_extra_samples_first() -> None:
+    grid = plan_grid(4096, 64, 2048)
+    full = estimate_s(grid, 5, 0.2, 0.003)
+    plain = estimate_s(grid, 5, 0.2, 0.003, small_reps=1)
+    assert plain < full
+    assert _runs(1, 3, 1) == 3 and _runs(2, 3, 1) == 2  # the smallest plan: as before

@@ -105,3 +105,13 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+def test_the_tiny_model_is_served_with_its_chat_template(tmp_path: Path) -> None:
+    env = vllm_env(tmp_path / "fake")
+    command = VllmServer(env, port=1234).command()
+    at = command.index("--chat-template")
+    assert command[at + 1] == str(env.chat_template)
+    own = VllmServer(env, port=1234, args=("--chat-template", "/x.jinja")).command()
+    assert own.count("--chat-template") == 1 and "/x.jinja" in own
+    assert "{{ message['content'] }}" in servers.TINY_CHAT_TEMPLATE

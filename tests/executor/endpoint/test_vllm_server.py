@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from executor.endpoint.bench import bench
@@ -72,3 +73,32 @@ def test_bench_cli_on_vllm_writes_the_run_directory(vllm_server: Any, tmp_path: 
     assert summary["driver"] == "bench" and summary["ok"] == 4
     meta = json.loads((out / "meta.json").read_text())
     assert "cache_config_info" in meta["server_config"]
+
+
+def test_chat_prompts_have_exact_lengths_through_vllms_chat_template(vllm_server: Any,
+                                                                     tmp_path: Path) -> None:
+    # the fixture's vLLM renders chat requests with the tiny model's template
+    # (servers.TINY_CHAT_TEMPLATE): every request's prompt, template included, must have the
+    # scenario's token count as vLLM itself counts it, and its output the forced length
+    path = write_scenario(tmp_path / "chat.yaml", rate_rps=4, n_requests=8,
+                          prompt_tokens={"dist": "uniform", "low": 30, "high": 200},
+                          output_tokens={"dist": "uniform", "low": 4, "high": 24})
+    out = tmp_path / "chat"
+    proc = bench_cli(str(path), "--endpoint", vllm_server.url, "--api", "openai-chat",
+                     "--out", str(out), timeout_s=300)
+    assert proc.returncode == 0, proc.stderr
+    req = pd.read_parquet(out / "requests.parquet")
+    assert len(req) == 8 and (req["status"] == "ok").all(), req["error"].tolist()
+    assert req["prompt_tokens"].nunique() > 1  # lengths vary, so each one is checked
+    assert (req["server_prompt_tokens"] == req["prompt_tokens"]).all(), req[
+        ["prompt_tokens", "server_prompt_tokens"]]
+    assert (req["received_tokens"] == req["output_tokens"]).all()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["device"]["api"] == "openai-chat"
+    assert meta["chat_template_tokens"] >= 1 and len(meta["chat_units"]) >= 4
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["client"]["prompt_token_mismatches"] == 0
+    # vLLM's own count of the prompt tokens it processed agrees
+    before = meta["server_metrics_before"]["values"].get("prompt_tokens_total", 0.0)
+    after = meta["server_metrics_after"]["values"]["prompt_tokens_total"]
+    assert after - before == req["prompt_tokens"].sum()
