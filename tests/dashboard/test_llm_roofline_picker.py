@@ -25,6 +25,7 @@ def table_of(at: AppTest) -> dict[str, float]:
 
 def roofline_page() -> AppTest:
     at = AppTest.from_file(str(PAGES / "llm.py"), default_timeout=120)
+    at.session_state["llm-tab"] = "compare schedulers"  # the tab with the schedulers' table
     at.run()
     assert not at.exception, at.exception
     at.selectbox(key="llm-model").set_value(ROOFLINE).run()
