@@ -22,6 +22,11 @@ What is fitted (times as the client sees them):
   prompt of several full chunks; its prefill time over the chunks' count, against the chunk
   alone, gives the cost of attending to the cached prefix (``e`` of
   :attr:`calibration.step_profile.StepProfile.prefill_context_s`);
+* a prefill on top of a cached prefix (where the server caches prefixes): ``n`` new tokens
+  after ``k`` cached ones on a small grid (:mod:`executor.endpoint.prefix_probe`), kept in
+  the profile's ``prefill_context_s`` (``"n,k"``, beside ``"n,0"``: its ``e`` per new token ×
+  cached token) and, with its own fit (per new token, per attention pair, the prefill
+  step's constant), in ``meta.cached_prefill``;
 * steps mixing a prefill with decodes: composed as prefill step + decode step − ``a``, and
   checked against the mixed probe (:func:`executor.endpoint.probes.mixed_step_s`; kept in
   ``meta.mixed_check``, not in the grid: a server streaming in bursts blurs it).
@@ -41,7 +46,7 @@ import numpy as np
 import yaml
 
 from calibration.step_profile import StepProfile
-from executor.endpoint import probes, server_info
+from executor.endpoint import prefix_probe, probes, server_info
 from executor.endpoint.bench import preflight
 from executor.endpoint.client import APIS
 from executor.endpoint.server_info import EndpointError
@@ -106,10 +111,12 @@ def _runs(seqs: int, reps: int) -> int:
     return max(1, math.ceil(reps / seqs))
 
 
-def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float) -> float:
+def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float,
+               cells: list[list[int]] | None = None) -> float:
     """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
     ITL (decode steps assumed to grow linearly with sequences, by a quarter step each; each
-    decode batch prefills its ``D`` prompts at the long prefill's speed per token).
+    decode batch prefills its ``D`` prompts at the long prefill's speed per token), with the
+    cached-prefix probe's ``cells``.
     """
     prefill = reps * len(grid["prefill_tokens"]) * ttft_s
     per_token_s = ttft_s / grid["prefill_tokens"][-1]
@@ -117,7 +124,8 @@ def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: floa
                                    + 2 * max(ttft_s, d * p * per_token_s))
                  for d in grid["decode_seqs"] for p in grid["decode_prompts"])
     chunked = reps * ttft_s * grid["chunked"][1] if grid["chunked"] else 0.0
-    return prefill + decode + chunked + OUTPUT_TOKENS * 2 * itl_s * 2
+    cached = prefix_probe.estimate_s(cells or [], reps, per_token_s)
+    return prefill + decode + chunked + cached + OUTPUT_TOKENS * 2 * itl_s * 2
 
 
 def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = None,
@@ -170,7 +178,10 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
     contexts = [p + OUTPUT_TOKENS // 2 for p in grid["decode_prompts"]]
     info: dict[str, Any] = {"endpoint": base, "model": model, "server_models": listed,
                             "server": knobs, "reps": reps, "budget_s": budget_s,
-                            "max_model_len": max_len, "prompt_salt": salt}
+                            "max_model_len": max_len, "prompt_salt": salt,
+                            "cached_cells": prefix_probe.plan_cells(
+                                max_len, max_num_batched_tokens,
+                                bool(knobs.get("enable_prefix_caching", False)))}
     with stopper.installed():
         try:
             return _probe(target, grid, contexts, ttft, itl, info, t_start, Path(out),
@@ -194,18 +205,22 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
     ttft_long = max(probes.prefill_ttft_s(target, grid["prefill_tokens"][-1], 2))
     itl_one = float(np.median(probes.decode_itl_s(target, 1, 16, 32) or [ttft_long]))
     left = budget_s - (time.perf_counter() - t_start)
-    while reps > MIN_REPS and estimate_s(grid, reps, ttft_long, itl_one) > left:
+    cells = info["cached_cells"]
+    while reps > MIN_REPS and estimate_s(grid, reps, ttft_long, itl_one, cells) > left:
         reps -= 1
-    while estimate_s(grid, reps, ttft_long, itl_one) > left and len(grid["decode_seqs"]) > 2:
+    while (estimate_s(grid, reps, ttft_long, itl_one, cells) > left
+           and len(grid["decode_seqs"]) > 2):
         grid["decode_seqs"].pop()
-    need = estimate_s(grid, reps, ttft_long, itl_one)
+    need = estimate_s(grid, reps, ttft_long, itl_one, cells)
     if need > left:
         raise EndpointError(f"--budget-s {budget_s:g}: too small for this server; the "
                             f"smallest plan takes about {need + budget_s - left:.0f} s")
     info["reps"] = reps
     say(f"plan (about {need:.0f} s of {left:.0f} s left): prefill {grid['prefill_tokens']} "
         f"tokens × {reps}; decode {grid['decode_seqs']} sequences at prompts "
-        f"{grid['decode_prompts']} × {OUTPUT_TOKENS} output tokens; one mixed step probe "
+        f"{grid['decode_prompts']} × {OUTPUT_TOKENS} output tokens; "
+        + (f"prefills after a cached prefix {cells} ([new, cached]); " if cells else "")
+        + "one mixed step probe "
         "(Ctrl-C or SIGTERM writes the points measured so far)")
     engine: dict[int, float] = {}
     for p in grid["prefill_tokens"]:
@@ -245,6 +260,16 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
             f"{np.median(list(context_s.values())[-1]) * 1e3:.2f} ms per chunk at "
             f"{list(context_s)[-1].split(',')[1]} tokens in, "
             f"{profile.step_s(grid['chunked'][0], 0, 0) * 1e3:.2f} ms at none")
+    if cells:
+        got = prefix_probe.cached_prefill_meta(prefix_probe.cached_prefill_s(
+            target, base, cells, reps, meta["overheads"]["request_ms"] / 1e3))
+        meta["cached_prefill"] = got
+        context_s.update(got["samples_s"])
+        fit = got["fit"]
+        say(f"prefill after a cached prefix ({len(cells)} cells): "
+            f"{fit['a_ms']:.2f} ms + {fit['ms_per_new_token']:.4f} ms per new token + "
+            f"{fit['ms_per_context_pair']:.3g} ms per new × cached token + "
+            f"{fit['ms_per_sq']:.3g} ms per new token² (R² {fit['r2']:.4f})")
     mix_d = grid["decode_seqs"][min(2, len(grid["decode_seqs"]) - 1)]
     mix_p = grid["prefill_tokens"][min(2, len(grid["prefill_tokens"]) - 1)]
     mixed = probes.mixed_step_s(target, mix_d, grid["decode_prompts"][0], OUTPUT_TOKENS * 2,
