@@ -208,6 +208,9 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
     cells = info["cached_cells"]
     while reps > MIN_REPS and estimate_s(grid, reps, ttft_long, itl_one, cells) > left:
         reps -= 1
+    while cells and estimate_s(grid, reps, ttft_long, itl_one, cells) > left:
+        cells = prefix_probe.trimmed(cells)
+    info["cached_cells"] = cells
     while (estimate_s(grid, reps, ttft_long, itl_one, cells) > left
            and len(grid["decode_seqs"]) > 2):
         grid["decode_seqs"].pop()
@@ -427,6 +430,10 @@ def write_fragment(profile_path: Path, meta: dict[str, Any], knobs: dict[str, An
         policy["block_size"] = knobs["block_size"]
     if "num_blocks" in knobs:
         policy["num_gpu_blocks"] = knobs["num_blocks"]
+    if "enable_prefix_caching" in knobs:
+        # vLLM's default is on, the simulator's off: a hash-block trace then hits in both (and
+        # the load sweep's capacity is the one at the trace's hits)
+        policy["enable_prefix_caching"] = bool(knobs["enable_prefix_caching"])
     if max_num_seqs:
         policy["max_num_seqs"] = max_num_seqs
     if max_num_batched_tokens:
@@ -437,7 +444,8 @@ def write_fragment(profile_path: Path, meta: dict[str, Any], knobs: dict[str, An
     path = profile_path.with_suffix(".scenario.yaml")
     caching = knobs.get("enable_prefix_caching")
     head = (f"# from servelab calibrate --endpoint {meta['endpoint']} (model {meta['model']})"
-            f"\n# server prefix caching: {caching} (probe prompts share no prefix)\n")
+            f"\n# server prefix caching: {caching} (the probes' prompts share no prefix, but "
+            "those of the cached-prefix probe)\n")
     path.write_text(head + yaml.safe_dump(fragment, sort_keys=False))
     return path
 

@@ -46,6 +46,15 @@ def plan_cells(max_model_len: int, max_num_batched_tokens: int | None, caching: 
     return cells if any(k for _, k in cells) else []
 
 
+def trimmed(cells: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``cells`` less the dearest one (most tokens sent), for a tight budget; none once
+    fewer than two fresh lengths or no cached prefix would be left (nothing to fit).
+    """
+    left = sorted(([int(n), int(k)] for n, k in cells), key=lambda c: c[1] + 2 * c[0])[:-1]
+    fresh = {n for n, k in left if k == 0}
+    return left if len(fresh) >= 2 and any(k for _, k in left) else []
+
+
 def estimate_s(cells: Sequence[Sequence[int]], reps: int, per_token_s: float) -> float:
     """Seconds the probe takes: each cell's ``reps`` prefixes and hits at a long prefill's
     speed per token (attention to the cached prefix makes a hit's tokens dearer: 2×).
@@ -165,4 +174,4 @@ def fit_cached_prefill(samples_s: dict[str, list[float]]) -> dict[str, float]:
 
 
 __all__ = ["CELLS", "cached_prefill_meta", "cached_prefill_s", "estimate_s",
-           "fit_cached_prefill", "linear_terms", "plan_cells"]
+           "fit_cached_prefill", "linear_terms", "plan_cells", "trimmed"]

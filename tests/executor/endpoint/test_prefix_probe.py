@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
+from executor.endpoint.calibrate import write_fragment
 from executor.endpoint.prefix_check import linear_service
 from executor.endpoint.prefix_probe import (
     CELLS,
@@ -18,6 +20,7 @@ from executor.endpoint.prefix_probe import (
     fit_cached_prefill,
     linear_terms,
     plan_cells,
+    trimmed,
 )
 from sim.scenario.step_time import LinearStepModel
 from sim.serving.llm.step_model import Composition
@@ -99,3 +102,28 @@ def test_linear_service_takes_the_prefill_terms_from_the_cached_prefix_probe(
     path.write_text(json.dumps({"meta": {"endpoint_fit": fit_meta}}))
     plain = linear_service(path)
     assert plain["per_prefill_token_ms"] == 0.23 and "per_prefill_sq_ms" not in plain
+
+
+def test_a_tight_budget_drops_the_dearest_cells_and_keeps_a_fittable_set() -> None:
+    cells = plan_cells(4096, 2048, caching=True)
+    seen = []
+    while cells:
+        seen.append(cells)
+        cells = trimmed(cells)
+    assert [2048, 0] not in seen[1]  # the dearest first
+    for kept in seen:  # every set still tells fresh lengths and a cached prefix apart
+        assert len({n for n, k in kept if k == 0}) >= 2 and any(k for _, k in kept)
+    assert seen[-1] == [[64, 0], [256, 0], [64, 1024]]
+
+
+def test_the_fragment_carries_the_servers_prefix_caching_into_the_policy(
+        tmp_path: Path) -> None:
+    meta = {"overheads": {"request_ms": 5.0, "per_output_token_ms": 0.0},
+            "endpoint": "http://127.0.0.1:1", "model": "m"}
+    for caching in (True, False):
+        knobs = {"block_size": 128, "num_blocks": 2048, "enable_prefix_caching": caching}
+        path = write_fragment(tmp_path / "p.json", meta, knobs, 64, 2048)
+        policy = yaml.safe_load(path.read_text())["policy"]
+        assert policy["enable_prefix_caching"] is caching and policy["block_size"] == 128
+    path = write_fragment(tmp_path / "p.json", meta, {"block_size": 16}, None, None)
+    assert "enable_prefix_caching" not in yaml.safe_load(path.read_text())["policy"]
