@@ -9,9 +9,10 @@ prompt of ``n`` tokens costs the weights plus ``n²/2`` pairs.
 
 :func:`cached_prefill_s` times such prefills on a grid of (new, cached) tokens: for each cell
 it first sends ``reps`` fresh prefixes of ``k`` tokens (filling the cache), then, one at a
-time, each prefix followed by ``n`` fresh tokens. The engine's time per cell is the
-server's own ``request_prefill_time_seconds`` over the hit requests (their window holds no
-other request) where exposed, else each hit's TTFT less the per-request overhead.
+time, each prefix followed by ``n`` fresh tokens. The engine's time of each hit is the
+server's own ``request_prefill_time_seconds`` in a ``/metrics`` window around it alone
+where exposed, else its TTFT less the per-request overhead; the fit takes each cell's
+median.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def _hits(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float 
 
 def cached_prefill_s(target: Target, base: str, cells: Sequence[Sequence[int]],
                      reps: int, request_s: float) -> dict[str, Any]:
-    """Engine seconds of a prefill of ``n`` new tokens after ``k`` cached ones, per cell.
+    """Engine seconds of a prefill of ``n`` new tokens after ``k`` cached ones, per cell
+    (each hit request timed alone).
 
     Args:
         target: Where the probes go (its id stream makes every prompt fresh).
@@ -113,10 +115,11 @@ def cached_prefill_s(target: Target, base: str, cells: Sequence[Sequence[int]],
             ``request_ms``), taken off TTFT where the server reports no prefill time.
 
     Returns:
-        ``{"samples_s": {"n,k": [s, ...]}, "ttft_s": {"n,k": [...]}, "server": {"n,k": s},
-        "hits_tokens": {"n,k": tokens}}``: samples are the server's mean (one value) where it
-        reports one, else the TTFTs less ``request_s``; ``hits_tokens`` is what the server's
-        prefix cache hit during the cell's hits (``reps × k`` when every prefix was found).
+        ``{"samples_s": {"n,k": [s, ...]}, "ttft_s": {"n,k": [...]}, "server": {"n,k":
+        [...]}, "hits_tokens": {"n,k": tokens}}``: samples are the server's own prefill times
+        where it reports them, else the TTFTs less ``request_s``; ``hits_tokens`` is what the
+        server's prefix cache hit during the cell's hits (``reps × k`` when every prefix was
+        found).
 
     Raises:
         EndpointError: a probe request failed.
@@ -124,26 +127,30 @@ def cached_prefill_s(target: Target, base: str, cells: Sequence[Sequence[int]],
     send(target, [Job(0, 0.0, target.prompt(16), 16, 1)], one_at_a_time=True)  # opens it
     samples: dict[str, list[float]] = {}
     ttfts: dict[str, list[float]] = {}
-    server: dict[str, float] = {}
+    server: dict[str, list[float]] = {}
     hits: dict[str, float] = {}
     for n, k in cells:
         prefixes = [target.prompt(k) for _ in range(reps)]
         if k:
             send(target, [Job(i, 0.0, p, k, 1) for i, p in enumerate(prefixes)],
                  one_at_a_time=True)
-        before = server_info.metrics(base)
-        outs = send(target, [Job(i, 0.0, p + target.prompt(n), k + n, 1)
-                             for i, p in enumerate(prefixes)], one_at_a_time=True)
-        after = server_info.metrics(base)
-        inside = _server_mean_s(before, after)
         key = f"{n},{k}"
-        hit = _hits(before, after)
-        if hit is not None:
-            hits[key] = hit
-        ttfts[key] = [o.chunk_s[0] - o.sent_s for o in sorted(outs, key=lambda o: o.index)]
-        if inside is not None:
-            server[key] = inside
-        samples[key] = [inside] if inside is not None else [
+        ttfts[key], server[key], hit_total = [], [], 0.0
+        for i, p in enumerate(prefixes):
+            # one /metrics window per hit: the server's time of each (a median, where a
+            # window over all of them gives only their mean, which one stall moves)
+            before = server_info.metrics(base)
+            out = send(target, [Job(i, 0.0, p + target.prompt(n), k + n, 1)],
+                       one_at_a_time=True)[0]
+            after = server_info.metrics(base)
+            ttfts[key].append(out.chunk_s[0] - out.sent_s)
+            inside = _server_mean_s(before, after)
+            if inside is not None:
+                server[key].append(inside)
+            hit = _hits(before, after)
+            hit_total += hit or 0.0
+        hits[key] = hit_total
+        samples[key] = server[key] if len(server[key]) == reps else [
             max(t - request_s, 1e-6) for t in ttfts[key]]
     return {"samples_s": samples, "ttft_s": ttfts, "server": server, "hits_tokens": hits}
 
