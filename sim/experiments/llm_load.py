@@ -65,7 +65,9 @@ def saturated_core(scenario: LlmScenario, n_requests: int = 1000) -> LlmCore:
         # each pass over the trace gets its own block contents (as bench's content seeds do):
         # the trace's sharing within a pass, none across passes, so the saturated replay
         # hits about as often as the trace does, not the second pass's 100%
-        keys = [k if rep == 0 else tuple(hash((rep, b)) for b in k)
+        # (keys are interned ints from 0: pass r shifts them past every earlier pass's)
+        span = 1 + max((b for k in trace_keys for b in k), default=0)
+        keys = [tuple(b + rep * span for b in k)
                 for rep in range(reps) for k in trace_keys][:n_requests]
     core = LlmCore(np.zeros(prompt.size), prompt, output,
                    [build_scheduler(scenario) for _ in range(scenario.replicas)],
