@@ -36,7 +36,6 @@ from executor.endpoint.prefix_check import (  # noqa: E402
     linear_service,
     matched_scenario,
     predicted,
-    prefix_context_probe,
     replay,
     server_cache,
 )
@@ -65,10 +64,9 @@ def pick(summary: dict[str, Any], dotted: str) -> float:
     return float(summary[head][tail])
 
 
-def run_setting(caching: bool, args: argparse.Namespace, profile: Path | None,
-                probe: dict[str, Any] | None
-                ) -> tuple[dict[str, Any], Path, dict[str, Any]]:
-    """Start the server with caching on or off, (calibrate and probe,) predict and replay."""
+def run_setting(caching: bool, args: argparse.Namespace, profile: Path | None
+                ) -> tuple[dict[str, Any], Path]:
+    """Start the server with caching on or off, (calibrate,) predict and replay."""
     flags = SERVER_ARGS if caching else (*SERVER_ARGS, "--no-enable-prefix-caching")
     server = VllmServer(ensure_vllm(), port=free_port(), args=flags)
     name = "on" if caching else "off"
@@ -81,9 +79,6 @@ def run_setting(caching: bool, args: argparse.Namespace, profile: Path | None,
             calibrate_endpoint(server.url, profile, budget_s=args.budget_s, reps=5,
                                max_num_seqs=64, max_num_batched_tokens=2048,
                                say=lambda m: print(f"[{name}] {m}", flush=True))
-        if probe is None:
-            probe = prefix_context_probe(server.url, "tiny-llama")
-            print(f"[{name}] prefix probe: {probe}", flush=True)
         cache = server_cache(server.url)
         if cache["enable_prefix_caching"] != caching:
             raise SystemExit(f"server reports enable_prefix_caching "
@@ -92,7 +87,7 @@ def run_setting(caching: bool, args: argparse.Namespace, profile: Path | None,
                                   endpoint_overrides(profile))
         sim_stored, _ = predicted(stored)
         scn = matched_scenario(trace_scenario(args.seconds), cache, {
-            "service": linear_service(profile, probe["per_prefill_context_ms"])})
+            "service": linear_service(profile)})
         sim, sim_cache = predicted(scn)
         runs = []
         for rep in range(args.repeats):
@@ -113,7 +108,7 @@ def run_setting(caching: bool, args: argparse.Namespace, profile: Path | None,
             "sim": {**sim_cache, **{m: pick(sim.summary, m) for m in METRICS},
                     "requests": int(sim.summary["requests"])},
             "sim_stored_profile": {m: pick(sim_stored.summary, m) for m in METRICS},
-            "service": scn.service.model_dump(), "runs": runs}, profile, probe
+            "service": scn.service.model_dump(), "runs": runs}, profile
 
 
 def table(settings: list[dict[str, Any]]) -> list[str]:
@@ -147,6 +142,16 @@ def table(settings: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def fit_text(meta: dict[str, Any]) -> str:
+    """The cached-prefix fit in words."""
+    fit = (meta.get("cached_prefill") or {}).get("fit")
+    if not fit:
+        return "no cached-prefix probe in the profile"
+    return (f"{fit['a_ms']:.2f} ms + {fit['ms_per_new_token']:.4f} ms per new token + "
+            f"{fit['ms_per_context_pair']:.3g} ms per new × cached token + "
+            f"{fit['ms_per_sq']:.3g} ms per new token², R² {fit['r2']:.4f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=45.0)
@@ -158,16 +163,18 @@ def main() -> None:
     t0 = time.perf_counter()
     settings = []
     profile: Path | None = None
-    probe: dict[str, Any] | None = None
     for caching in (True, False):
-        setting, profile, probe = run_setting(caching, args, profile, probe)
+        setting, profile = run_setting(caching, args, profile)
         settings.append(setting)
+    meta = json.loads(profile.read_text())["meta"] if profile else {}
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = f"prefix_vllm{args.tag}"
     command = "fgrun python benchmarks/prefix_vllm.py " + " ".join(sys.argv[1:])
     (RESULTS / f"{stem}.json").write_text(json.dumps(
         {"command": command, "seconds": args.seconds, "repeats": args.repeats,
-         "wall_s": time.perf_counter() - t0, "prefix_probe": probe, "settings": settings},
+         "wall_s": time.perf_counter() - t0,
+         "cached_prefill": meta.get("cached_prefill"), "endpoint_fit": meta.get("endpoint_fit"),
+         "settings": settings},
         indent=1, default=str))
     cache = settings[0]["server_cache"]
     lines = [
@@ -178,13 +185,12 @@ def main() -> None:
         f"blocks), {settings[0]['sim']['requests']} requests; prompts realise the block ids. "
         f"Server: block size {cache['block_size']}, {cache['num_blocks']} usable KV blocks "
         f"(the simulator gets the same), {' '.join(SERVER_ARGS)}. Step model: "
-        "`calibrate --endpoint` once on the first server, used as its own linear fit "
-        "(`meta.endpoint_fit`, valid at any context) plus a measured prefix term: "
-        "TTFT of 256 tokens after a cached 1,024-token prefix minus TTFT of 256 fresh ones, "
-        f"per chunk token × start = {probe['per_prefill_context_ms']:.3g} ms (the "
-        "calibration's prefill probes start at position 0 and never see it). The last "
-        "column is the stored profile's prediction (its grid ends at context 544, beyond "
-        "which its linear extrapolation loses the decode base). "
+        "`calibrate --endpoint` once on the first server (caching on), used as its own "
+        "linear fits (`prefix_check.linear_service`: decode terms from `meta.endpoint_fit`, "
+        "prefill terms from its cached-prefix probe `meta.cached_prefill`: "
+        f"{fit_text(meta)}). The last column is the stored profile itself "
+        "(`service.kind: llm_profile`: grid interpolation, extended from the grid's edge, "
+        "plus its `e` per new × cached token). "
         f"{args.repeats} runs per setting, each with new block contents (a cold cache). "
         "Hit rate = the server's `vllm:prefix_cache_hits_total / "
         "vllm:prefix_cache_queries_total` over the run (tokens; new requests only, as "

@@ -3,7 +3,8 @@
 A profile holds, for each point of a grid of (prefill tokens P, decode sequences D, context
 per decode L), every timed sample of one step with that composition, and a fitted linear
 model ``a + b·P + c·D + d·K`` (K = D·L, the KV tokens the decodes attend to; BLIS-style
-coefficients) for reporting and for extrapolation, which is flagged as such.
+coefficients) for reporting and for extrapolation from the grid's edge, which is flagged as
+such.
 :class:`StepProfile` predicts other compositions by trilinear interpolation of the medians on
 the grid. This module has no torch import: the simulator loads profiles without it.
 """
@@ -113,7 +114,29 @@ class StepProfile:
         extra = self.fit.get("e_ms_per_prefill_context", 0.0) * prefill_context / 1e3
         ctx = kv_tokens / d if d else float(self._l[0])
         if not self.inside(p, d, ctx):
-            return self.linear_s(p, d, kv_tokens) + extra
+            return self.extended_s(p, d, kv_tokens) + extra
+        return self._grid_s(p, d, ctx) + extra
+
+    def extended_s(self, p: float, d: float, kv_tokens: float) -> float:
+        """Seconds of a step outside the grid: the grid's value at the nearest point inside
+        (P, D and the context clamped to the grid) plus the fitted linear model's slopes
+        (each at least 0) times how far the step lies beyond it. Continuous at the grid's
+        edge and never below it; the linear model alone (its intercept pulled negative by
+        curved prefill times) priced a long-context decode below the grid's own value, down
+        to 0 for one sequence past the probes' longest context.
+        """
+        f = self.fit
+        pc, dc = min(p, float(self._p[-1])), min(d, float(self._d[-1]))
+        ctx = kv_tokens / d if d else float(self._l[0])
+        ctx_c = min(max(ctx, float(self._l[0])), float(self._l[-1]))
+        kv_c = dc * ctx_c if d else 0.0
+        beyond_ms = (max(f["b_ms_per_prefill_token"], 0.0) * (p - pc)
+                     + max(f["c_ms_per_decode_seq"], 0.0) * (d - dc)
+                     + max(f["d_ms_per_kv_token"], 0.0) * max(kv_tokens - kv_c, 0.0))
+        return self._grid_s(pc, dc, ctx_c) + beyond_ms / 1e3
+
+    def _grid_s(self, p: float, d: float, ctx: float) -> float:
+        """Trilinear interpolation of the medians at a point inside the grid."""
         ctx = min(max(ctx, self._l[0]), self._l[-1])
         (i0, i1, wi), (j0, j1, wj), (k0, k1, wk) = (
             _axis_weights(self._p, p), _axis_weights(self._d, d), _axis_weights(self._l, ctx))
@@ -125,7 +148,7 @@ class StepProfile:
                     w = a * b * c
                     if w:
                         total += w * g[i, j, k]
-        return float(total) + extra
+        return float(total)
 
     def linear_s(self, p: float, d: float, kv_tokens: float) -> float:
         """The fitted linear model's seconds (for extrapolation)."""

@@ -22,6 +22,11 @@ What is fitted (times as the client sees them):
   prompt of several full chunks; its prefill time over the chunks' count, against the chunk
   alone, gives the cost of attending to the cached prefix (``e`` of
   :attr:`calibration.step_profile.StepProfile.prefill_context_s`);
+* a prefill on top of a cached prefix (where the server caches prefixes): ``n`` new tokens
+  after ``k`` cached ones on a small grid (:mod:`executor.endpoint.prefix_probe`), kept in
+  the profile's ``prefill_context_s`` (``"n,k"``, beside ``"n,0"``: its ``e`` per new token ×
+  cached token) and, with its own fit (per new token, per attention pair, the prefill
+  step's constant), in ``meta.cached_prefill``;
 * steps mixing a prefill with decodes: composed as prefill step + decode step − ``a``, and
   checked against the mixed probe (:func:`executor.endpoint.probes.mixed_step_s`; kept in
   ``meta.mixed_check``, not in the grid: a server streaming in bursts blurs it).
@@ -38,13 +43,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from calibration.step_profile import StepProfile
-from executor.endpoint import probes, server_info
+from executor.endpoint import prefix_probe, probes, server_info
 from executor.endpoint.bench import preflight
 from executor.endpoint.client import APIS
+from executor.endpoint.fragment import endpoint_overrides, write_fragment
 from executor.endpoint.server_info import EndpointError
+
+__all__ = ["calibrate_endpoint", "endpoint_overrides", "estimate_s", "plan_grid",
+           "write_fragment"]
 
 PREFILL_TOKENS = (16, 64, 256, 1024)
 DECODE_SEQS = (1, 2, 4, 8, 16, 32)  # busy chunked servers run 20-30 decodes (linear model beyond)
@@ -115,11 +123,14 @@ def _runs(seqs: int, reps: int, small_reps: int = SMALL_BATCH_REPS) -> int:
 
 
 def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float,
-               small_reps: int = SMALL_BATCH_REPS) -> float:
+               small_reps: int = SMALL_BATCH_REPS,
+               cells: list[list[int]] | None = None) -> float:
     """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
     ITL (decode steps assumed to grow linearly with sequences, by a quarter step each; each
     decode batch prefills its ``D`` prompts at the long prefill's speed per token; a lone
-    stream's run is one batch, a larger one's a short and a long batch).
+    stream's run is one batch, a larger one's a short and a long batch), with
+    ``small_reps`` times the samples for the small batches and the cached-prefix probe's
+    ``cells``.
     """
     prefill = reps * len(grid["prefill_tokens"]) * ttft_s
     per_token_s = ttft_s / grid["prefill_tokens"][-1]
@@ -128,7 +139,8 @@ def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: floa
                                    + (2 if d > 1 else 1) * max(ttft_s, d * p * per_token_s))
                  for d in grid["decode_seqs"] for p in grid["decode_prompts"])
     chunked = reps * ttft_s * grid["chunked"][1] if grid["chunked"] else 0.0
-    return prefill + decode + chunked + OUTPUT_TOKENS * 2 * itl_s * 2
+    cached = prefix_probe.estimate_s(cells or [], reps, per_token_s)
+    return prefill + decode + chunked + cached + OUTPUT_TOKENS * 2 * itl_s * 2
 
 
 def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = None,
@@ -181,7 +193,10 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
     contexts = [p + OUTPUT_TOKENS // 2 for p in grid["decode_prompts"]]
     info: dict[str, Any] = {"endpoint": base, "model": model, "server_models": listed,
                             "server": knobs, "reps": reps, "budget_s": budget_s,
-                            "max_model_len": max_len, "prompt_salt": salt}
+                            "max_model_len": max_len, "prompt_salt": salt,
+                            "cached_cells": prefix_probe.plan_cells(
+                                max_len, max_num_batched_tokens,
+                                bool(knobs.get("enable_prefix_caching", False)))}
     with stopper.installed():
         try:
             return _probe(target, grid, contexts, ttft, itl, info, t_start, Path(out),
@@ -206,16 +221,22 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
     itl_one = float(np.median(probes.decode_itl_s(target, 1, 16, 32) or [ttft_long]))
     left = budget_s - (time.perf_counter() - t_start)
     # a tight budget gives up the small batches' extra samples first, then repetitions,
-    # then the largest batch sizes
-    small = SMALL_BATCH_REPS
-    while small > 1 and estimate_s(grid, reps, ttft_long, itl_one, small) > left:
+    # then the costliest cached-prefix cells, then the largest batch sizes
+    small, cells = SMALL_BATCH_REPS, info["cached_cells"]
+
+    def need_s() -> float:
+        return estimate_s(grid, reps, ttft_long, itl_one, small_reps=small, cells=cells)
+
+    while small > 1 and need_s() > left:
         small -= 1
-    while reps > MIN_REPS and estimate_s(grid, reps, ttft_long, itl_one, small) > left:
+    while reps > MIN_REPS and need_s() > left:
         reps -= 1
-    while (estimate_s(grid, reps, ttft_long, itl_one, small) > left
-           and len(grid["decode_seqs"]) > 2):
+    while cells and need_s() > left:
+        cells = prefix_probe.trimmed(cells)
+    info["cached_cells"] = cells
+    while need_s() > left and len(grid["decode_seqs"]) > 2:
         grid["decode_seqs"].pop()
-    need = estimate_s(grid, reps, ttft_long, itl_one, small)
+    need = need_s()
     if need > left:
         raise EndpointError(f"--budget-s {budget_s:g}: too small for this server; the "
                             f"smallest plan takes about {need + budget_s - left:.0f} s")
@@ -223,7 +244,9 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
     say(f"plan (about {need:.0f} s of {left:.0f} s left): prefill {grid['prefill_tokens']} "
         f"tokens × {reps}; decode {grid['decode_seqs']} sequences at prompts "
         f"{grid['decode_prompts']} × {OUTPUT_TOKENS} output tokens ({small} × the samples "
-        f"for 1-{probes.SMALL_BATCH} sequences); one mixed step probe "
+        f"for 1-{probes.SMALL_BATCH} sequences); "
+        + (f"prefills after a cached prefix {cells} ([new, cached]); " if cells else "")
+        + "one mixed step probe "
         "(Ctrl-C or SIGTERM writes the points measured so far)")
     engine: dict[int, float] = {}
     for p in grid["prefill_tokens"]:
@@ -264,6 +287,16 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
             f"{np.median(list(context_s.values())[-1]) * 1e3:.2f} ms per chunk at "
             f"{list(context_s)[-1].split(',')[1]} tokens in, "
             f"{profile.step_s(grid['chunked'][0], 0, 0) * 1e3:.2f} ms at none")
+    if cells:
+        got = prefix_probe.cached_prefill_meta(prefix_probe.cached_prefill_s(
+            target, base, cells, reps, meta["overheads"]["request_ms"] / 1e3))
+        meta["cached_prefill"] = got
+        context_s.update(got["samples_s"])
+        fit = got["fit"]
+        say(f"prefill after a cached prefix ({len(cells)} cells): "
+            f"{fit['a_ms']:.2f} ms + {fit['ms_per_new_token']:.4f} ms per new token + "
+            f"{fit['ms_per_context_pair']:.3g} ms per new × cached token + "
+            f"{fit['ms_per_sq']:.3g} ms per new token² (R² {fit['r2']:.4f})")
     mix_d = grid["decode_seqs"][min(2, len(grid["decode_seqs"]) - 1)]
     mix_p = grid["prefill_tokens"][min(2, len(grid["prefill_tokens"]) - 1)]
     mixed = probes.mixed_step_s(target, mix_d, grid["decode_prompts"][0], OUTPUT_TOKENS * 2,
@@ -409,47 +442,3 @@ def _fit(grid: dict[str, list[int]], contexts: list[int], ttft: dict[int, list[f
             "note": "cells with both prefill and decodes are composed (prefill step + decode "
                     "step - decode base); meta.mixed_check compares one with a measurement"}
     return profile, meta
-
-
-def write_fragment(profile_path: Path, meta: dict[str, Any], knobs: dict[str, Any],
-                   max_num_seqs: int | None, max_num_batched_tokens: int | None) -> Path:
-    """The scenario fragment (``PROFILE.scenario.yaml``): service with the overheads, and the
-    server's scheduling knobs as the ``vllm`` policy.
-    """
-    policy: dict[str, Any] = {"kind": "vllm"}
-    if "block_size" in knobs:
-        policy["block_size"] = knobs["block_size"]
-    if "num_blocks" in knobs:
-        policy["num_gpu_blocks"] = knobs["num_blocks"]
-    if max_num_seqs:
-        policy["max_num_seqs"] = max_num_seqs
-    if max_num_batched_tokens:
-        policy["max_num_batched_tokens"] = max_num_batched_tokens
-    fragment = {"service": {"kind": "llm_profile", "path": str(profile_path.resolve()),
-                            "overheads": meta["overheads"]},
-                "policy": policy}
-    path = profile_path.with_suffix(".scenario.yaml")
-    caching = knobs.get("enable_prefix_caching")
-    head = (f"# from servelab calibrate --endpoint {meta['endpoint']} (model {meta['model']})"
-            f"\n# server prefix caching: {caching} (probe prompts share no prefix)\n")
-    path.write_text(head + yaml.safe_dump(fragment, sort_keys=False))
-    return path
-
-
-def endpoint_overrides(profile_path: str | Path) -> dict[str, Any]:
-    """Dotted-key overrides that make a scenario use a calibrated endpoint profile: its
-    service with overheads and the server's knobs (from the fragment beside it, where the
-    user's scenario leaves the policy's kind as vllm).
-
-    Raises:
-        EndpointError: the profile has no fragment beside it.
-    """
-    path = Path(profile_path).with_suffix(".scenario.yaml")
-    if not path.is_file():
-        raise EndpointError(f"--profile {profile_path}: no {path.name} beside it; write it "
-                            "with servelab calibrate --endpoint URL --out PROFILE.json")
-    data = yaml.safe_load(path.read_text()) or {}
-    out: dict[str, Any] = {"service": data["service"]}
-    for key, value in (data.get("policy") or {}).items():
-        out[f"policy.{key}"] = value
-    return out

@@ -19,12 +19,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from executor.endpoint import server_info
 from executor.endpoint.bench import bench
-from executor.endpoint.client import Job
-from executor.endpoint.probes import Target, send
+from executor.endpoint.prefix_probe import linear_terms
 from executor.endpoint.server_info import EndpointError
 from sim.drivers.llm_simulate import LlmResult
 from sim.drivers.llm_simulate import run as sim_run
@@ -99,49 +96,27 @@ def predicted(scn: LlmScenario) -> tuple[LlmResult, dict[str, Any]]:
                     "hit_rate": h / q if q else math.nan}
 
 
-def prefix_context_probe(base: str, model: str, *, cached: int = 1024, new: int = 256,
-                         reps: int = 3, seed: int = 0) -> dict[str, Any]:
-    """What a cached prefix adds to a prefill: TTFT of ``new`` tokens after a cached prefix
-    of ``cached`` tokens against TTFT of ``new`` fresh tokens, one request at a time; the
-    difference per (chunk token × start), as the step models' ``prefill_context`` term
-    (:class:`sim.serving.llm.step_model.Composition`). The calibration's prefill probes start
-    at position 0, so they never see this attention to a prefix.
-
-    Raises:
-        EndpointError: a probe request failed.
-    """
-    target = Target(base + "/v1/completions", model, np.random.default_rng([seed, 3232]))
-    jobs = [Job(0, 0.0, target.prompt(new), new, 1)]  # opens the connection, untimed
-    for _ in range(reps):
-        prefix = target.prompt(cached)
-        jobs += [Job(len(jobs), 0.0, target.prompt(new), new, 1),  # fresh
-                 Job(len(jobs) + 1, 0.0, prefix, cached, 1),  # caches the prefix
-                 Job(len(jobs) + 2, 0.0, prefix + target.prompt(new), cached + new, 1)]
-    outs = sorted(send(target, jobs, one_at_a_time=True), key=lambda o: o.index)
-    ttft = [o.chunk_s[0] - o.sent_s for o in outs]
-    fresh = [ttft[1 + 3 * k] for k in range(reps)]
-    hit = [ttft[3 + 3 * k] for k in range(reps)]
-    extra_s = float(np.median(np.subtract(hit, fresh)))
-    return {"cached_tokens": cached, "new_tokens": new, "fresh_ttft_s": fresh,
-            "hit_ttft_s": hit,
-            "per_prefill_context_ms": max(extra_s, 0.0) * 1e3 / (cached * new)}
-
-
-def linear_service(profile_path: str | Path, per_prefill_context_ms: float) -> dict[str, Any]:
-    """An ``llm_linear`` service from a ``calibrate --endpoint`` profile's own linear fit
-    (``meta.endpoint_fit``: decode base, per decode sequence, per KV token, per prefill
-    token) and its overheads, plus a measured ``per_prefill_context_ms``. Its terms hold at
-    any context, where the profile's grid ends at the probes' (544-token) context.
+def linear_service(profile_path: str | Path) -> dict[str, Any]:
+    """An ``llm_linear`` service from a ``calibrate --endpoint`` profile's own fits: the
+    decode terms of ``meta.endpoint_fit`` (base, per decode sequence, per KV token) and, where
+    the profile has the cached-prefix probe (``meta.cached_prefill``), the prefill terms of its
+    fit (per new token, per attention pair to the cached prefix and within the chunk, the
+    prefill step's constant: :func:`executor.endpoint.prefix_probe.linear_terms`); else the
+    fresh prompts' slope per prefill token, which carries their own attention. Its terms hold
+    at any context, where the profile's grid ends at the probes' longest.
     """
     meta = json.loads(Path(profile_path).read_text())["meta"]
     fit = meta["endpoint_fit"]
-    return {"kind": "llm_linear", "base_ms": max(fit["decode_base_ms"], 0.0),
-            "per_prefill_token_ms": max(fit["ms_per_prefill_token"], 0.0),
-            "per_decode_seq_ms": max(fit["ms_per_decode_seq"], 0.0),
-            "per_kv_token_ms": max(fit["ms_per_kv_token"], 0.0),
-            "per_prefill_context_ms": per_prefill_context_ms,
-            "overheads": meta.get("overheads")}
+    service = {"kind": "llm_linear", "base_ms": max(fit["decode_base_ms"], 0.0),
+               "per_prefill_token_ms": max(fit["ms_per_prefill_token"], 0.0),
+               "per_decode_seq_ms": max(fit["ms_per_decode_seq"], 0.0),
+               "per_kv_token_ms": max(fit["ms_per_kv_token"], 0.0),
+               "overheads": meta.get("overheads")}
+    cached = meta.get("cached_prefill")
+    if cached:
+        service.update(linear_terms(cached["fit"], fit["decode_base_ms"]))
+    return service
 
 
-__all__ = ["counters", "linear_service", "matched_scenario", "predicted",
-           "prefix_context_probe", "replay", "server_cache"]
+__all__ = ["counters", "linear_service", "matched_scenario", "predicted", "replay",
+           "server_cache"]

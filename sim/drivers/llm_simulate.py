@@ -121,7 +121,8 @@ def build_step_model(scenario: LlmScenario) -> StepModel:
 
         return build_roofline(s)
     return LinearStepModel(s.base_ms, s.per_prefill_token_ms, s.per_decode_seq_ms,
-                           s.per_kv_token_ms, s.per_prefill_context_ms)
+                           s.per_kv_token_ms, s.per_prefill_context_ms,
+                           s.per_prefill_sq_ms, s.per_prefill_seq_ms)
 
 
 TOKEN_KEYS = ("prompt_tokens", "output_tokens", "prompt_tokens_column", "output_tokens_column",

@@ -12,7 +12,8 @@ public contract):
   (truncated to ``prompt_tokens_max``/``output_tokens_max`` when given); or ``hash_trace``
   (``path``, ``format``, ``block_size``): a Bailian/Mooncake/CSV hash-block trace;
 * ``service``: ``llm_linear`` (``base_ms``, ``per_prefill_token_ms``, ``per_decode_seq_ms``,
-  ``per_kv_token_ms``, ``per_prefill_context_ms``), ``llm_profile`` (``path``: a measured
+  ``per_kv_token_ms``, ``per_prefill_context_ms``, ``per_prefill_sq_ms``,
+  ``per_prefill_seq_ms``), ``llm_profile`` (``path``: a measured
   step profile) or ``llm_roofline``
   (``model``, ``device``, ``tp``, ``coefficients``: see :mod:`sim.scenario.roofline.service`);
 * ``policy``: ``static``, ``continuous``, ``vllm`` or ``sarathi`` with vLLM's knob names;
@@ -197,6 +198,10 @@ class LlmLinearServiceCfg(_Strict):
     per_kv_token_ms: float = Field(0.0, ge=0)
     # a prefill chunk's attention to its cached prefix: per (chunk token × its start)
     per_prefill_context_ms: float = Field(0.0, ge=0)
+    # a chunk's causal attention within itself: per Σ chunk tokens² (n²/2 pairs each)
+    per_prefill_sq_ms: float = Field(0.0, ge=0)
+    # a fixed cost per prefill chunk in the step (the prefill path's, beyond the step base)
+    per_prefill_seq_ms: float = Field(0.0, ge=0)
     overheads: LlmOverheadsCfg | None = None
 
 

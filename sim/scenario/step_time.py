@@ -19,9 +19,18 @@ from sim.serving.llm.step_model import Composition
 @dataclass(frozen=True)
 class LinearStepModel:
     """``base + per_prefill_token × prefill + per_decode_seq × decodes + per_kv_token × kv
-    + per_prefill_context × prefill_context`` (milliseconds; BLIS-style coefficients; the last
-    term is a prefill chunk's attention to its prefix, Σ chunk tokens × start, which a cache
-    hit makes large), deterministic: hand-checkable cases.
+    + per_prefill_context × prefill_context + per_prefill_sq × prefill_sq
+    + per_prefill_seq × prefill chunks`` (milliseconds; BLIS-style coefficients),
+    deterministic: hand-checkable cases.
+
+    The last three price a prefill chunk's attention and its fixed cost: ``prefill_context``
+    (Σ chunk tokens × start) is its attention to the prefix already in the cache, which a
+    prefix-cache hit makes large; ``prefill_sq`` (Σ chunk tokens²) its causal attention within
+    itself (``n²/2`` query-key pairs: ``per_prefill_sq = per_prefill_context / 2`` when both
+    come from one per-pair cost). Without the square term a per-token cost fitted on fresh
+    prompts carries their attention, and a short chunk after a long cached prefix pays for
+    attention twice (measured on vLLM's CPU build: +17% to +70%,
+    ``benchmarks/results/prefix_prefill_grid-diag.md``).
     """
 
     base_ms: float
@@ -29,14 +38,21 @@ class LinearStepModel:
     per_decode_seq_ms: float = 0.0
     per_kv_token_ms: float = 0.0
     per_prefill_context_ms: float = 0.0
+    per_prefill_sq_ms: float = 0.0
+    per_prefill_seq_ms: float = 0.0
 
     def step_s(self, comp: Composition) -> float:
         """Seconds one step of this composition takes."""
         ms = (self.base_ms + self.per_prefill_token_ms * comp.prefill_tokens
               + self.per_decode_seq_ms * comp.decode_seqs
               + self.per_kv_token_ms * comp.kv_tokens)
-        if self.per_prefill_context_ms:  # (golden outputs: no term, not even + 0.0)
+        # (golden outputs: no term where its cost is 0, not even + 0.0)
+        if self.per_prefill_context_ms:
             ms += self.per_prefill_context_ms * comp.prefill_context
+        if self.per_prefill_sq_ms:
+            ms += self.per_prefill_sq_ms * comp.prefill_sq
+        if self.per_prefill_seq_ms:
+            ms += self.per_prefill_seq_ms * comp.prefill_seqs
         return ms / 1e3
 
 

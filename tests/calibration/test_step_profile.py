@@ -158,3 +158,23 @@ def test_a_later_prefill_chunk_pays_for_its_prefix(tmp_path) -> None:
         base + e_ms * 256 * 700 / 1e3)
     again = load_step_profile(with_context.save(tmp_path / "p.json"))
     assert again.fit["e_ms_per_prefill_context"] == pytest.approx(e_ms)
+
+
+def test_beyond_the_grid_a_step_extends_the_grids_edge_and_never_drops_below_it() -> None:
+    # curved prefill times (attention) pull the linear fit's intercept below 0: the fit alone
+    # priced a one-sequence decode past the longest context at 0 ms
+    def cost(p, d, ctx):
+        return (3.0 + 0.08 * p + 0.0002 * p * p + 0.25 * d + 0.0007 * d * ctx) / 1e3
+
+    prof = synthetic(cost)
+    assert prof.fit["a_ms"] < 0 and prof.linear_s(0, 1, 3000) < cost(0, 1, 1000)
+    edge = prof.step_s(0, 1, 1000)
+    assert edge == pytest.approx(cost(0, 1, 1000))
+    # continuous at the edge, then the fitted slope per KV token (exact here: linear in K)
+    assert prof.step_s(0, 1, 1001) == pytest.approx(cost(0, 1, 1001), rel=1e-6)
+    assert prof.step_s(0, 1, 3000) == pytest.approx(cost(0, 1, 3000), rel=1e-6)
+    # more sequences than the grid: the edge plus the slopes, never below the edge
+    beyond = [prof.step_s(0, d, d * 3000) for d in (32, 40, 64)]
+    assert beyond == sorted(beyond) and beyond[0] == pytest.approx(cost(0, 32, 3000))
+    # a longer prefill than the grid: at least the grid's longest
+    assert prof.step_s(1500, 0, 0) > prof.step_s(1000, 0, 0) == pytest.approx(cost(1000, 0, 0))

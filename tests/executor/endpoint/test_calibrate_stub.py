@@ -116,7 +116,8 @@ def test_calibrate_recovers_the_stubs_step_times(profile_path: Path, stub_url: s
 
 def test_calibrate_writes_the_servers_knobs_as_a_scenario_fragment(profile_path: Path) -> None:
     fragment = yaml.safe_load(profile_path.with_suffix(".scenario.yaml").read_text())
-    assert fragment["policy"] == {"kind": "vllm", "block_size": 16, "num_gpu_blocks": 1024}
+    assert fragment["policy"] == {"kind": "vllm", "block_size": 16, "num_gpu_blocks": 1024,
+                                  "enable_prefix_caching": False}  # the stub's cache_config
     assert fragment["service"]["kind"] == "llm_profile"
     assert Path(fragment["service"]["path"]) == profile_path.resolve()
     assert set(fragment["service"]["overheads"]) == {"request_ms", "per_output_token_ms"}

@@ -38,6 +38,18 @@ def test_calibrate_then_compare_on_vllm(vllm_server: Any, tmp_path: Path) -> Non
     assert over["request_ms"] >= 0 and over["per_output_token_ms"] >= 0
     for d in profile.decode_seqs[1:]:
         assert profile.step_s(0, d, d * profile.context_tokens[0]) > 0
+    # the server caches prefixes (vLLM's default): the cached-prefix probe ran, every cell's
+    # prefix was found whole, and attending to it costs time
+    assert meta["server"]["enable_prefix_caching"]
+    cached = meta["cached_prefill"]
+    for cell in meta["cached_cells"]:
+        n, k = cell
+        assert cached["hits_tokens"][f"{n},{k}"] == meta["reps"] * k, cell
+    assert cached["fit"]["ms_per_context_pair"] > 0 and cached["fit"]["r2"] > 0.9
+    assert profile.fit["e_ms_per_prefill_context"] > 0
+    n, k = meta["cached_cells"][-1]
+    hit_s = profile.step_s(n, 0, 0, prefill_context=n * k)
+    assert hit_s > profile.step_s(n, 0, 0)
     fragment = yaml.safe_load(out.with_suffix(".scenario.yaml").read_text())
     assert fragment["policy"]["block_size"] == meta["server"]["block_size"]
 

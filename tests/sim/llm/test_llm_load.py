@@ -8,8 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.experiments.llm_load import load_overrides, offered_rps, saturation_rps
+from sim.drivers.llm_simulate import tables
+from sim.experiments.llm_load import load_overrides, offered_rps, saturated_core, saturation_rps
 from sim.llm import run
+from sim.metrics.prefix import prefix_cache_summary
 from sim.scenario.llm import load_llm_scenario
 from sim.scenario.workloads import WorkloadError, data_path
 
@@ -107,3 +109,28 @@ def test_bad_trace_slices_are_one_line_naming_the_field(change: dict[str, Any],
     with pytest.raises(Exception) as info:
         run(cfg)
     assert text in str(info.value) and "\n" not in str(info.value).strip()
+
+
+def test_the_capacity_of_a_hash_trace_counts_its_prefix_hits_and_no_hits_across_passes(
+        ) -> None:
+    # the shipped chat trace's first 20 requests cycled to 60: with caching on, each pass
+    # hits as the trace does (its own contents per pass), and the capacity grows with it
+    over = {"workload.n_requests": 20}
+    on = load_llm_scenario("builtin:llm-prefix-cache", over)
+    off = load_llm_scenario("builtin:llm-prefix-cache",
+                            {**over, "policy.enable_prefix_caching": False})
+    one_pass = prefix_cache_summary(saturated_core(on, 20))
+    three = prefix_cache_summary(saturated_core(on, 60))
+    assert one_pass["hit_rate"] > 0.3
+    # passes share no block: three passes hit exactly three times one pass's tokens (the
+    # cache holds far more than one pass, so no pass evicts another's hits)
+    assert three["hits_tokens"] == 3 * one_pass["hits_tokens"]
+    assert three["queries_tokens"] == 3 * one_pass["queries_tokens"]
+    # the saturated engine computes only the uncached tokens (none preempted here), so it
+    # completes the same requests sooner
+    core = saturated_core(on, 60)
+    _, steps, _, _ = tables(core)
+    assert three["preempted_queries_tokens"] == 0
+    computed = int(steps["prefill_tokens"].sum())
+    assert computed == int(core.prompt_tokens.sum()) - three["hits_tokens"]
+    assert saturation_rps(on, 60) > saturation_rps(off, 60)

@@ -264,3 +264,24 @@ def test_prefix_affinity_without_caching_is_refused_with_the_fields_named() -> N
 
     with pytest.raises(ScenarioError, match="enable_prefix_caching"):
         load_llm_scenario({**scenario(), "routing": "prefix_affinity"})
+
+
+def test_a_cached_prefix_prices_the_new_tokens_attention_to_it_and_within_the_chunk() -> None:
+    # turn 2 computes 8 new tokens starting at 16 cached ones: 8 tokens, 8 × 16 pairs to the
+    # prefix, 8² within the chunk, one prefill chunk
+    model = LinearStepModel(10.0, 0.5, 1.0, 0.0, per_prefill_context_ms=0.01,
+                            per_prefill_sq_ms=0.005, per_prefill_seq_ms=2.0)
+    core = core_for([16, 24], [(1, 2, 3, 4), (1, 2, 3, 4, 5, 6)], [0.0, 1.0], caching=True)
+    simulate(core, model)
+    requests, steps, _, _ = tables(core)
+    prefill = steps[steps["prefill_tokens"] > 0]
+    assert list(prefill["prefill_context"]) == [0, 8 * 16]
+    ttft_ms = (requests["first_token_s"] - requests["arrival_s"]).to_numpy() * 1e3
+    assert ttft_ms == pytest.approx([10 + 0.5 * 16 + 0.005 * 16**2 + 2,
+                                     10 + 0.5 * 8 + 0.01 * 8 * 16 + 0.005 * 8**2 + 2])
+    # caching off: the whole 24-token prompt, no prefix, 24² within the chunk
+    core = core_for([16, 24], [(1, 2, 3, 4), (1, 2, 3, 4, 5, 6)], [0.0, 1.0], caching=False)
+    simulate(core, model)
+    requests, _, _, _ = tables(core)
+    ttft_ms = (requests["first_token_s"] - requests["arrival_s"]).to_numpy() * 1e3
+    assert ttft_ms[1] == pytest.approx(10 + 0.5 * 24 + 0.005 * 24**2 + 2)
