@@ -47,6 +47,14 @@ import numpy as np
 from calibration.step_profile import StepProfile
 from executor.endpoint import prefix_probe, probes, server_info
 from executor.endpoint.bench import preflight
+from executor.endpoint.calibrate_plan import (
+    MIN_REPS,
+    OUTPUT_TOKENS,
+    SMALL_BATCH_REPS,
+    _runs,
+    estimate_s,
+    plan_grid,
+)
 from executor.endpoint.client import APIS
 from executor.endpoint.fragment import endpoint_overrides, write_fragment
 from executor.endpoint.server_info import EndpointError
@@ -54,18 +62,6 @@ from executor.endpoint.server_info import EndpointError
 __all__ = ["calibrate_endpoint", "endpoint_overrides", "estimate_s", "plan_grid",
            "write_fragment"]
 
-PREFILL_TOKENS = (16, 64, 256, 1024)
-DECODE_SEQS = (1, 2, 4, 8, 16, 32)  # busy chunked servers run 20-30 decodes (linear model beyond)
-# contexts 64, 544 and 1,120: a 1,024-token prompt's decodes lie inside the grid (beyond its
-# longest context a step falls back to the linear model)
-DECODE_PROMPTS = (32, 512, 1088)
-OUTPUT_TOKENS = 64
-CHUNKS = 4  # chunks of the chunked-prefill probe's prompt
-MIN_REPS = 3
-# One to four decoding sequences: three times the samples. Five per one-sequence cell left
-# the tiny vLLM's cells 15-30% apart between two calibrations of the same server, and TPOT
-# at ρ 0.3 is those cells' value
-SMALL_BATCH_REPS = 3
 SERVER_ITL = ("inter_token_latency_seconds", "time_per_output_token_seconds")
 # vLLM's engine-side time from scheduling a request to its first token (first_token_ts -
 # scheduled_ts, both stamped in the engine core): one prefill step when nothing else runs
@@ -85,62 +81,6 @@ def _server_mean(before: dict[str, Any] | None, after: dict[str, Any] | None,
         if None not in (s0, s1, c0, c1) and c1 > c0:
             return float((s1 - s0) / (c1 - c0))
     return None
-
-
-def plan_grid(max_model_len: int, max_num_seqs: int | None,
-              max_num_batched_tokens: int | None) -> dict[str, list[int]]:
-    """The probe grid within the server's limits (``chunked``: chunk tokens and count of
-    the chunked-prefill probe, where the token budget splits long prompts; else empty).
-    """
-    cap = cap_len = max_model_len - 2
-    if max_num_batched_tokens:
-        cap = min(cap, max_num_batched_tokens)
-    prefill = [p for p in PREFILL_TOKENS if p <= cap]
-    seqs = [d for d in DECODE_SEQS if d <= (max_num_seqs or DECODE_SEQS[-1])]
-    prompts = [p for p in DECODE_PROMPTS if p + OUTPUT_TOKENS <= max_model_len]
-    if len(prefill) < 2 or len(seqs) < 2 or not prompts:
-        raise EndpointError(f"the server's limits (max_model_len {max_model_len}, "
-                            f"--max-num-seqs {max_num_seqs}, --max-num-batched-tokens "
-                            f"{max_num_batched_tokens}) leave too few probe points: need "
-                            "prompts of 64 tokens and 2 sequences at least")
-    grid = {"prefill_tokens": prefill, "decode_seqs": seqs, "decode_prompts": prompts,
-            "chunked": []}
-    if max_num_batched_tokens and 2 * max_num_batched_tokens <= min(PREFILL_TOKENS[-1], cap_len):
-        # a prompt of k full chunks: its later chunks attend to the cached earlier ones
-        k = min(CHUNKS, cap_len // max_num_batched_tokens, PREFILL_TOKENS[-1]
-                // max_num_batched_tokens)
-        grid["chunked"] = [max_num_batched_tokens, k]
-    return grid
-
-
-def _runs(seqs: int, reps: int, small_reps: int = SMALL_BATCH_REPS) -> int:
-    """Decode runs at ``seqs`` sequences: enough for ``reps`` per-stream samples, and
-    ``small_reps`` times that for batches of up to ``probes.SMALL_BATCH`` (at low load
-    most steps decode one to four sequences: their cells set TPOT).
-    """
-    want = reps * (small_reps if seqs <= probes.SMALL_BATCH else 1)
-    return max(1, math.ceil(want / seqs))
-
-
-def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float,
-               small_reps: int = SMALL_BATCH_REPS,
-               cells: list[list[int]] | None = None) -> float:
-    """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
-    ITL (decode steps assumed to grow linearly with sequences, by a quarter step each; each
-    decode batch prefills its ``D`` prompts at the long prefill's speed per token; a lone
-    stream's run is one batch, a larger one's a short and a long batch), with
-    ``small_reps`` times the samples for the small batches and the cached-prefix probe's
-    ``cells``.
-    """
-    prefill = reps * len(grid["prefill_tokens"]) * ttft_s
-    per_token_s = ttft_s / grid["prefill_tokens"][-1]
-    decode = sum(_runs(d, reps, small_reps) * ((1.25 if d > 1 else 1.0) * OUTPUT_TOKENS * itl_s
-                                   * (1 + d / 4)
-                                   + (2 if d > 1 else 1) * max(ttft_s, d * p * per_token_s))
-                 for d in grid["decode_seqs"] for p in grid["decode_prompts"])
-    chunked = reps * ttft_s * grid["chunked"][1] if grid["chunked"] else 0.0
-    cached = prefix_probe.estimate_s(cells or [], reps, per_token_s)
-    return prefill + decode + chunked + cached + OUTPUT_TOKENS * 2 * itl_s * 2
 
 
 def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = None,
