@@ -88,7 +88,10 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
     assert max(during) == 8, during  # @serve.batch put a burst of 8 into one batch
     assert all(1 <= n <= 8 for n in during)
     path = profile.save(tmp_path / "ray.json")
-    s1 = profile.median_s(1)
+    # the load: 0.4 over a lone request's whole latency (window subtracted), as measured;
+    # the profile's busy time at batch 1 is that less the outside time of a full burst,
+    # which on Ray's proxy is longer than a lone request's
+    s1 = profile.meta["endpoint"]["single_request_ms"] / 1e3
     over = profile.meta["endpoint"]["request_overhead"]
     assert over["request_ms"] > 0 and over["sizes"]["8"]["queued_pairs"] >= 1
     scenario = {"name": "ray-minilm", "seed": 5,
@@ -163,7 +166,7 @@ def test_compare_endpoint_predicts_ray_serve_around_probes(ray_minilm: Any,
     assert data["probed"] and data["overheads_ms"]["request_ms"] > 0
     for probe in data["probes"]:
         assert set(probe["ratio_by_size"]) == {"1", "2", "4"}
-        assert all(0.2 < r < 5 for r in probe["ratio_by_size"].values())
+        assert all(0.2 < r < 5 for r in probe["ratio_by_size"].values()), probe
     rows = {r["metric"]: r for r in data["rows"]}
     # the bench sees no batches: those rows have no live value; the ones it sees have both
     assert "mean_batch_size" in data["not_visible"]
