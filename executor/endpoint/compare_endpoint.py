@@ -34,6 +34,7 @@ from executor.endpoint import probes, server_info
 from executor.endpoint.bench import bench, preflight
 from executor.endpoint.calibrate import endpoint_overrides
 from executor.endpoint.client import APIS
+from executor.endpoint.sweep_points import check_loads, sweep_loads
 from sim.drivers.llm_overheads import overheads_s
 from sim.errors import UserError
 from sim.experiments.llm_load import load_overrides, saturation_rps
@@ -210,29 +211,20 @@ def sweep_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoint
     Raises:
         UserError: no load, a load out of (0, 1.5), or what :func:`compare_endpoint` raises.
     """
-    if not rhos:
-        raise UserError("--sweep: give at least one load, e.g. 0.3,0.6,0.8")
-    for rho in rhos:
-        if not (math.isfinite(rho) and 0 < rho < 1.5):
-            raise UserError(f"--sweep rho={rho:g}: must lie in (0, 1.5)")
+    check_loads(rhos, 1.5)  # before the capacity search
     scn = _scenario(scenario, overrides, profile)
     capacity = saturation_rps(scn)
-    out = Path(out_dir)
-    rows = []
-    for rho in rhos:
+
+    def point(rho: float, out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         ov = load_overrides(scn, rho, capacity)
         if progress:
             progress(f"rho={rho:g}: capacity {capacity:.3g} req/s on the calibrated profile, "
                      + ", ".join(f"{k.split('.')[-1]} {v:.3g}" for k, v in ov.items()))
-        data = compare_endpoint(load_llm_scenario(scn, ov), endpoint, out / f"rho-{rho:g}",
-                                repeats=repeats, model=model, probe_mode=probe_mode,
+        data = compare_endpoint(load_llm_scenario(scn, ov), endpoint, out, repeats=repeats,
+                                model=model, probe_mode=probe_mode,
                                 drain_timeout_s=drain_timeout_s, progress=progress)
-        rows += [{"target_rho": rho, "capacity_rps": capacity, "rate_rps": rho * capacity,
-                  "offered_rps": data["offered_rps"], **row} for row in data["rows"]]
-    frame = pd.DataFrame(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out / "fidelity.csv", index=False)
-    write_json(out / "fidelity.json", {"kind": "llm", "driver": "bench", "scenario": scn.name,
-                                       "endpoint": server_info.base_url(endpoint),
-                                       "capacity_rps": capacity, "rows": rows})
-    return frame
+        return {"capacity_rps": capacity, "rate_rps": rho * capacity}, data
+
+    return sweep_loads(rhos, 1.5, out_dir, point, {
+        "kind": "llm", "driver": "bench", "scenario": scn.name,
+        "endpoint": server_info.base_url(endpoint), "capacity_rps": capacity})

@@ -32,7 +32,7 @@ from executor.endpoint.request_bench import bench_requests
 from executor.endpoint.request_calibrate import _burst_stats, _bursts, profile_service
 from executor.endpoint.request_client import REQUEST_APIS, request_path
 from executor.endpoint.server_info import EndpointError, base_url
-from sim.errors import UserError
+from executor.endpoint.sweep_points import check_loads, sweep_loads
 from sim.metrics.rundir import Result, write_json
 from sim.metrics.window import default_drain_s
 from sim.scenario.payload import PayloadCfg
@@ -213,33 +213,24 @@ def sweep_request_endpoint(scenario: Scenario | dict[str, Any] | str | Path, end
         UserError: no load, a load out of (0, 1), a workload without a rate, or what
             :func:`compare_request_endpoint` raises.
     """
-    if not rhos:
-        raise UserError("--sweep: give at least one load, e.g. 0.3,0.6,0.8")
-    for rho in rhos:
-        if not (math.isfinite(rho) and 0 < rho < 1):
-            raise UserError(f"--sweep rho={rho:g}: must lie in (0, 1)")
+    check_loads(rhos, 1.0)
     if api not in REQUEST_APIS:
         raise EndpointError(f"--api {api!r}: allowed for request-level scenarios: "
                             f"{', '.join(REQUEST_APIS)}")
     scn, _ = _scenario(scenario, overrides, profile)
-    out = Path(out_dir)
-    rows = []
-    for rho in rhos:
+
+    def point(rho: float, out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         rate = rate_for_utilization(scn, rho)
         if progress:
             progress(f"rho={rho:g}: {rate:.3g} req/s (the calibrated profile's replica "
                      f"utilisation {rho:g})")
         data = compare_request_endpoint(
-            load_scenario(scn, {"workload.rate_rps": rate}), endpoint, out / f"rho-{rho:g}",
-            api=api, repeats=repeats, model=model, probe_mode=probe_mode,
+            load_scenario(scn, {"workload.rate_rps": rate}), endpoint, out, api=api,
+            repeats=repeats, model=model, probe_mode=probe_mode,
             sim_replications=sim_replications, drain_timeout_s=drain_timeout_s,
             progress=progress)
-        rows += [{"target_rho": rho, "rate_rps": rate, "offered_rps": data["offered_rps"],
-                  **row} for row in data["rows"]]
-    frame = pd.DataFrame(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out / "fidelity.csv", index=False)
-    write_json(out / "fidelity.json", {"kind": "request", "driver": "bench", "api": api,
-                                       "scenario": scn.name, "endpoint": base_url(endpoint),
-                                       "rows": rows})
-    return frame
+        return {"rate_rps": rate}, data
+
+    return sweep_loads(rhos, 1.0, out_dir, point, {
+        "kind": "request", "driver": "bench", "api": api, "scenario": scn.name,
+        "endpoint": base_url(endpoint)})
