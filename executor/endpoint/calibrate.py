@@ -68,21 +68,6 @@ SERVER_ITL = ("inter_token_latency_seconds", "time_per_output_token_seconds")
 SERVER_PREFILL = ("request_prefill_time_seconds",)
 
 
-def _server_mean(before: dict[str, Any] | None, after: dict[str, Any] | None,
-                 names: tuple[str, ...]) -> float | None:
-    """The mean of the first of the server's histograms ``names`` that moved between two
-    ``/metrics`` pages (None: not exposed).
-    """
-    if not before or not after:
-        return None
-    for name in names:
-        s0, s1 = before["values"].get(f"{name}_sum"), after["values"].get(f"{name}_sum")
-        c0, c1 = before["values"].get(f"{name}_count"), after["values"].get(f"{name}_count")
-        if None not in (s0, s1, c0, c1) and c1 > c0:
-            return float((s1 - s0) / (c1 - c0))
-    return None
-
-
 def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = None,
                        budget_s: float = 180.0, reps: int = 5,
                        max_num_seqs: int | None = None,
@@ -192,7 +177,7 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
     for p in grid["prefill_tokens"]:
         before = server_info.metrics(base)
         ttft[p] = probes.prefill_ttft_s(target, p, reps)
-        inside = _server_mean(before, server_info.metrics(base), SERVER_PREFILL)
+        inside = server_info.histogram_mean(before, server_info.metrics(base), SERVER_PREFILL)
         if inside is not None:
             engine[p] = inside
         say(f"prefill {p:5d} tokens: TTFT median {np.median(ttft[p]) * 1e3:.2f} ms"
@@ -209,7 +194,7 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
                                     "does not stream per token?)")
             itl[(d, ctx)] = samples
             if d == 1 and prompt == grid["decode_prompts"][0]:
-                server = _server_mean(before, server_info.metrics(base), SERVER_ITL)
+                server = server_info.histogram_mean(before, server_info.metrics(base), SERVER_ITL)
                 if server is not None:
                     delta_s = max(0.0, float(np.mean(itl[(d, ctx)])) - server)
                     info["delta_s"] = delta_s
@@ -318,7 +303,7 @@ def _chunked(target: probes.Target, base: str, profile: StepProfile, chunked: li
     n, k = chunked
     before = server_info.metrics(base)
     ttft = probes.prefill_ttft_s(target, n * k, reps)
-    inside = _server_mean(before, server_info.metrics(base), SERVER_PREFILL)
+    inside = server_info.histogram_mean(before, server_info.metrics(base), SERVER_PREFILL)
     totals = [inside] if inside is not None else [max(v - request_s, 1e-6) for v in ttft]
     return {f"{n},0": [profile.step_s(n, 0, 0)],
             f"{n},{n * (k - 1) // 2}": [t / k for t in totals]}

@@ -83,18 +83,6 @@ def linear_terms(cached_fit: dict[str, float], decode_base_ms: float) -> dict[st
             "per_prefill_seq_ms": max(cached_fit["a_ms"] - max(decode_base_ms, 0.0), 0.0)}
 
 
-def _server_mean_s(before: dict[str, Any] | None, after: dict[str, Any] | None
-                   ) -> float | None:
-    if not before or not after:
-        return None
-    v0, v1 = before["values"], after["values"]
-    keys = (f"{SERVER_PREFILL}_sum", f"{SERVER_PREFILL}_count")
-    if any(k not in v0 or k not in v1 for k in keys):
-        return None
-    count = v1[keys[1]] - v0[keys[1]]
-    return float((v1[keys[0]] - v0[keys[0]]) / count) if count > 0 else None
-
-
 def _hits(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
     if not before or not after or HITS not in before["values"] or HITS not in after["values"]:
         return None
@@ -144,7 +132,7 @@ def cached_prefill_s(target: Target, base: str, cells: Sequence[Sequence[int]],
                        one_at_a_time=True)[0]
             after = server_info.metrics(base)
             ttfts[key].append(out.chunk_s[0] - out.sent_s)
-            inside = _server_mean_s(before, after)
+            inside = server_info.histogram_mean(before, after, (SERVER_PREFILL,))
             if inside is not None:
                 server[key].append(inside)
             hit = _hits(before, after)

@@ -114,6 +114,21 @@ def metrics(base: str) -> dict[str, Any] | None:
     return parse_metrics(body) if status == 200 else None
 
 
+def histogram_mean(before: dict[str, Any] | None, after: dict[str, Any] | None,
+                 names: tuple[str, ...]) -> float | None:
+    """The mean of the first of the server's histograms ``names`` that moved between two
+    ``/metrics`` pages (None: not exposed).
+    """
+    if not before or not after:
+        return None
+    for name in names:
+        s0, s1 = before["values"].get(f"{name}_sum"), after["values"].get(f"{name}_sum")
+        c0, c1 = before["values"].get(f"{name}_count"), after["values"].get(f"{name}_count")
+        if None not in (s0, s1, c0, c1) and c1 > c0:
+            return float((s1 - s0) / (c1 - c0))
+    return None
+
+
 def scheduling_config(metrics_page: dict[str, Any] | None) -> dict[str, Any]:
     """The scheduling knobs a vLLM server exposes: block size, KV blocks and capacity in
     tokens, prefix caching.
