@@ -112,73 +112,145 @@ def tiny_config(tmp: Path) -> tuple[Path, Path]:
     return cfg, coeffs.save(tmp / "coeffs-without-tiny.json")
 
 
-def vllm_bench(out: Path, rates: list[float], n_requests: int) -> None:
-    """Bench the vLLM CPU server (tiny Llama) at each rate; keep the run directories."""
+def vllm_bench(out: Path, rates: list[float], n_requests: int, repeats: int = 1) -> None:
+    """Bench the vLLM CPU server (tiny Llama) at each rate, ``repeats`` times on one server
+    start; keep the run directories (``out/repeat-K/rate-R`` when ``repeats > 1``, each
+    repeat folder with the model's config.json).
+    """
     from executor.endpoint.bench import bench
     from executor.endpoint.servers import VllmServer, ensure_vllm
 
     env = ensure_vllm(progress=print)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text((env.model_dir / "config.json").read_text())
+    folders = [out / f"repeat-{k + 1}" for k in range(repeats)] if repeats > 1 else [out]
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text((env.model_dir / "config.json").read_text())
     service = {"kind": "llm_roofline", "model": str(env.model_dir / "config.json"),
                "device": "cpu", "coefficients": "builtin"}
     server = VllmServer(env, args=VLLM_ARGS).start()
     try:
-        for rate in rates:
-            scn = scenario(service, n_requests, f"vllm-tiny-llama-{rate:g}rps")
-            scn["workload"]["rate_rps"] = rate
-            result = bench(scn, server.url)
-            result.write(out / f"rate-{rate:g}")
-            print(f"rate {rate:g}: {result.summary['e2e_ms']['p50']:.1f} ms E2E p50",
-                  flush=True)
+        for k, folder in enumerate(folders):
+            for rate in rates:
+                scn = scenario(service, n_requests, f"vllm-tiny-llama-{rate:g}rps")
+                scn["workload"]["rate_rps"] = rate
+                result = bench(scn, server.url)
+                result.write(folder / f"rate-{rate:g}")
+                print(f"repeat {k + 1} rate {rate:g}: "
+                      f"{result.summary['e2e_ms']['p50']:.1f} ms E2E p50", flush=True)
     finally:
         server.stop()
 
 
-def fit_vllm(folder: Path) -> None:
-    """``servelab fit --bench`` on the vLLM bench directories; section D3 of the results."""
-    from sim.experiments.fit_bench import TARGETS, mean_abs
-
-    folder = folder.resolve()
-    dirs = sorted(p for p in folder.iterdir() if (p / "meta.json").exists())
-    config = folder / "config.json"  # the tiny Llama's, copied beside the runs
+def _fit_cli(folder: Path) -> tuple[list[str], dict[str, Any]]:
+    """``servelab fit --bench`` on one set of bench directories (rate-R folders and the
+    model's config.json); the command and the fit's report.
+    """
+    dirs = sorted((p for p in folder.iterdir() if (p / "meta.json").exists()),
+                  key=lambda p: float(p.name.removeprefix("rate-")))
     out = folder / "fitted-coefficients.json"
     cmd = [sys.executable, "-m", "servelab.cli", "fit",
            *(a for d in dirs for a in ("--bench", str(d.relative_to(ROOT)))),
-           "--model", str(config.relative_to(ROOT)), "--device", "cpu", "--holdout", "0.34",
-           "--out", str(out.relative_to(ROOT))]
+           "--model", str((folder / "config.json").relative_to(ROOT)), "--device", "cpu",
+           "--holdout", "0.34", "--out", str(out.relative_to(ROOT))]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
                           check=False)
     print(done.stdout, done.stderr)
     if done.returncode:
         raise SystemExit(f"fit failed ({done.returncode})")
-    fit = json.loads(out.read_text())["fit"]
+    return cmd, json.loads(out.read_text())
+
+
+def _without_request_term(folder: Path) -> dict[str, Any]:
+    """The same fit with the three step-term multipliers only (no request overhead): what
+    ``fit --bench`` did before it had the fourth parameter.
+    """
+    from sim.experiments.fit_bench import fit_bench, load_bench_run
+    from sim.scenario.roofline.hardware import load_device
+    from sim.scenario.roofline.model import load_coefficients
+    from sim.scenario.roofline.service import load_shape
+
+    config = str(folder / "config.json")
+    service = {"kind": "llm_roofline", "model": config, "device": "cpu"}
+    dirs = sorted((p for p in folder.iterdir() if (p / "meta.json").exists()),
+                  key=lambda p: float(p.name.removeprefix("rate-")))
+    runs = [load_bench_run(d, service) for d in dirs]
+    got = fit_bench(runs, load_shape(config), load_device("cpu"), 1,
+                    load_coefficients("builtin", "cpu"), holdout=0.34, seed=0,
+                    max_evals=120, fit_request=False)
+    return dict(got.meta["fit"])
+
+
+def fit_vllm(folder: Path) -> None:
+    """``servelab fit --bench`` on the vLLM bench directories (each ``repeat-K`` folder, or
+    the folder itself); section D3 of the results and ``d3`` of roofline_live.json.
+    """
+    from sim.experiments.fit_bench import TARGETS, mean_abs
+
+    folder = folder.resolve()
+    repeats = sorted(p for p in folder.iterdir() if p.name.startswith("repeat-")) or [folder]
     keys = [f"{m}.p{q}" for m, q in TARGETS]
+    rel = folder.relative_to(ROOT)
     lines = ["### D3. Fitting the vLLM server from its bench runs (simulation in the loop)",
-             "", "The server benched at " + ", ".join(d.name for d in dirs) + " (40 "
-             "requests each, the load of D2 at those rates; `fgrun python "
-             "benchmarks/roofline_live.py --vllm-bench "
-             f"{folder.relative_to(ROOT)} --rates 1,4,8 --requests 40`, with CPU priority; "
-             f"run directories kept in `{folder.relative_to(ROOT)}`), then `servelab fit` "
-             "from `cpu-decoder` "
-             f"({fit['evaluations']} simulations, seed {fit['seed']}; held out: "
-             f"{', '.join(fit['held_out'])}):", "", f"`servelab {' '.join(cmd[3:])}`", "",
-             "run | split | set | " + " | ".join(keys),
-             "---|---|---|" + "---|" * len(keys)]
-    for label in ("start", "fitted"):
-        for run, row in fit["runs"][label].items():
-            lines.append(f"{run} | {row['split']} | {label} | " + " | ".join(
-                f"{row['errors'][k]:+.1%}" for k in keys))
-    lines += ["", "Group multipliers of cpu-decoder: " + ", ".join(
-        f"{g} ×{m:.3g}" for g, m in fit["group_multipliers"].items()) + ". Mean |error| "
-        + "; ".join(f"{split}: {mean_abs(fit['runs']['start'], split):.1%} → "
-                    f"{mean_abs(fit['runs']['fitted'], split):.1%}"
-                    for split in ("train", "held_out")) + ".", ""]
+             "", f"The server benched at 1, 4 and 8 req/s, {len(repeats)} times (40 requests "
+             "each, the load of D2 at those rates, fresh prompts every run; `fgrun python "
+             f"benchmarks/roofline_live.py --vllm-bench {rel} --rates 1,4,8 --requests 40 "
+             f"--bench-repeats {len(repeats)}`, with CPU priority, one server start; run "
+             f"directories kept in `{rel}`), then `servelab fit --bench` on each repeat from "
+             "`cpu-decoder` (seed 0; held out: rate-8; `python benchmarks/roofline_live.py "
+             f"--fit-vllm {rel}`, simulation only). Rows: the start set, the fit without the "
+             "request-overhead parameter (the three step-term multipliers, as before), and "
+             "the fit with it. Error = (sim − measured) / measured, > 0 slow.", ""]
+    record: dict[str, Any] = {}
+    held: dict[str, dict[str, list[float]]] = {"without": {k: [] for k in keys},
+                                               "with": {k: [] for k in keys}}
+    for rep in repeats:
+        cmd, saved = _fit_cli(rep)
+        fit, three = saved["fit"], _without_request_term(rep)
+        record[rep.name] = {"command": " ".join(cmd[3:]), "fit": fit,
+                            "fit_without_request_term": three,
+                            "request_overheads": saved.get("request_overheads", {})}
+        lines += [f"#### {rep.name}", "", f"`servelab {' '.join(cmd[3:])}`", "",
+                  "run | split | set | " + " | ".join(keys),
+                  "---|---|---|" + "---|" * len(keys)]
+        for label, report in (("start", fit["runs"]["start"]),
+                              ("3 multipliers", three["runs"]["fitted"]),
+                              ("+ request overhead", fit["runs"]["fitted"])):
+            for run, row in report.items():
+                lines.append(f"{run} | {row['split']} | {label} | " + " | ".join(
+                    f"{row['errors'][k]:+.1%}" for k in keys))
+                if row["split"] == "held_out" and label != "start":
+                    which = "with" if label.startswith("+") else "without"
+                    for k in keys:
+                        held[which][k].append(row["errors"][k])
+        lines += ["", "Multipliers of cpu-decoder: " + ", ".join(
+            f"{g} ×{m:.3g}" for g, m in fit["group_multipliers"].items())
+            + f"; request overhead {fit['request_ms']['start']:.3g} → "
+            f"{fit['request_ms']['fitted']:.3g} ms. Mean |error| start → 3 multipliers → "
+            "+ request overhead: " + "; ".join(
+                f"{split} {mean_abs(fit['runs']['start'], split):.1%} → "
+                f"{mean_abs(three['runs']['fitted'], split):.1%} → "
+                f"{mean_abs(fit['runs']['fitted'], split):.1%}"
+                for split in ("train", "held_out")) + ".", ""]
+    lines += ["#### Held-out run (rate-8) over the repeats", "",
+              "fit | " + " | ".join(keys), "---|" + "---|" * len(keys)]
+    for which, label in (("without", "3 multipliers"), ("with", "+ request overhead")):
+        cells = []
+        for k in keys:
+            v = held[which][k]
+            cells.append(f"{sum(v) / len(v):+.1%} ({min(v):+.1%}…{max(v):+.1%})")
+        lines.append(f"{label} | " + " | ".join(cells))
+    lines += ["", "Mean over the repeats (min…max in brackets: the spread between repeats).",
+              ""]
+    record["held_out_by_repeat"] = held
     md = RESULTS / "roofline.md"
     text = md.read_text()
     head = text.split("### D3.")[0].rstrip() + "\n\n"
     md.write_text(head + "\n".join(lines))
+    live = RESULTS / "roofline_live.json"
+    data = json.loads(live.read_text()) if live.exists() else {}
+    data["d3"] = record
+    live.write_text(json.dumps(data, indent=1, default=str) + "\n")
     print("\n".join(lines))
 
 
@@ -192,6 +264,8 @@ def main() -> None:
         "only bench the vLLM server at each of --rates and keep the run directories here "
         "(the input of servelab fit --bench)"))
     parser.add_argument("--rates", default="1,4,8")
+    parser.add_argument("--bench-repeats", type=int, default=1, help=(
+        "with --vllm-bench: bench every rate this many times (repeat-K folders)"))
     parser.add_argument("--fit-vllm", type=Path, default=None, help=(
         "fit the coefficients to the bench directories kept by --vllm-bench (servelab fit "
         "--bench; simulation only, no fgrun needed) and add section D3"))
@@ -202,7 +276,7 @@ def main() -> None:
     if args.vllm_bench is not None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         vllm_bench(args.vllm_bench, [float(r) for r in args.rates.split(",")],
-                   args.requests)
+                   args.requests, args.bench_repeats)
         return
     # SIGTERM (a timeout) unwinds like Ctrl-C, so the vLLM server is stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -9,6 +9,7 @@ helpers are imported when a command runs: :mod:`servelab.cli` imports this modul
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -41,7 +42,8 @@ def fit_cmd(
                                     "parallelism.")] = 1,
     coefficients: Annotated[str, typer.Option(
         help="With --bench and no --profile: the set to start from (builtin | builtin:NAME "
-             "| PATH).")] = "builtin",
+             "| PATH); with --profile: the set whose request overheads the fit keeps "
+             "(step profiles do not see them).")] = "builtin",
     holdout: Annotated[float | None, typer.Option(
         help="Share held out of the fit and reported: of the measured steps (default 0.25), "
              "of the bench directories (default 0.34).")] = None,
@@ -60,7 +62,7 @@ def fit_cmd(
     """
     from servelab.cli import USER_ERRORS, console, fail
     from sim.scenario.roofline.fit import fit, load_profile_data
-    from sim.scenario.roofline.model import UNITS
+    from sim.scenario.roofline.model import UNITS, load_coefficients
 
     if not profile and not bench:
         fail("give --profile PROFILE (step profiles) or --bench DIR (bench runs), or both")
@@ -71,6 +73,10 @@ def fit_cmd(
             data = [load_profile_data(p, device) for p in profile]
             coeffs = fit(data, holdout=0.25 if holdout is None else holdout, seed=seed,
                          name=name or out.stem)
+            # a step profile times the engine alone: the request overheads stay the set's
+            kept = load_coefficients(coefficients, data[0].device.kind)
+            coeffs = replace(coeffs, overheads=dict(kept.overheads), meta={
+                **coeffs.meta, "request_overheads_from": kept.name})
             _print_profile_fit(coeffs, sum(len(d.rows) for d in data), console)
         if bench:
             coeffs = _fit_bench(bench, model, device, tp, coeffs, coefficients,
@@ -87,6 +93,8 @@ def fit_cmd(
     table.add_column("unit")
     for term, value in coeffs.values.items():
         table.add_row(term, f"{value:.4g}", UNITS[term])
+    for key, value in coeffs.overheads.items():
+        table.add_row(f"request_overheads.{key}", f"{value:.4g}", "ms")
     console.print(table)
     console.print(f"coefficients: {path}")
 
@@ -140,6 +148,8 @@ def _fit_bench(dirs: list[Path], model: str | None, device: str | None, tp: int,
     console.print(table)
     console.print("group multipliers of the start set: " + ", ".join(
         f"{g} ×{m:.3g}" for g, m in result["group_multipliers"].items()))
+    console.print(f"request overhead outside the steps: {result['request_ms']['start']:.3g}"
+                  f" → {result['request_ms']['fitted']:.3g} ms")
     for split in ("train", "held_out"):
         before, after = (mean_abs(result["runs"][s], split) for s in ("start", "fitted"))
         if before is not None and after is not None:

@@ -146,7 +146,7 @@ def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoi
     url = base + APIS["openai-completions"]
     preflight(url, "openai-completions", model)
     out = Path(out_dir)
-    request_s, per_token_s = overheads_s(scn)
+    request_s, per_token_s, _ = overheads_s(scn)
     drain_s = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
     stored = sim.llm.run(scn, drain_timeout_s=drain_s)
     stored.write(out / "sim")

@@ -7,15 +7,18 @@ sequences (one token each for decodes, the next chunk of a prefill still in prog
 admits waiting requests first come first served while ``max_num_seqs`` and the step's
 ``max_num_batched_tokens`` allow, the last one admitted possibly with a partial chunk. A step
 lasts :meth:`RooflineStepModel.step_s` of its composition; then every sequence whose prompt
-is complete emits a token. So a bench of this server measures a device whose step times
-follow known coefficients: ``servelab fit --bench`` must recover them
-(tests/sim/llm/test_fit_bench.py).
+is complete emits a token. A request reaches the engine ``--request-delay-ms`` after the
+server has read it (an API and tokenisation cost outside the steps, BLIS's α₀). So a bench
+of this server measures a device whose step times and request overhead are known:
+``servelab fit --bench`` must recover them (tests/sim/llm/test_fit_bench.py).
 
 Run: ``python -m executor.endpoint.stub_engine --port N --model CONFIG --device cpu
---coefficients PATH [--max-num-seqs 16] [--max-num-batched-tokens 512]``; prints ``ready``.
-It answers ``/v1/models``, ``/health``, a ``/metrics`` page in vLLM's format (its KV
-block count, so bench records the knobs) and ``/steps`` (every step's composition, modelled
-and actual seconds).
+--coefficients PATH [--max-num-seqs 16] [--max-num-batched-tokens 512]
+[--request-delay-ms 0]``; prints ``ready``. It answers ``/v1/models``, ``/health``, a
+``/metrics`` page in vLLM's format (its KV block count, so bench records the knobs),
+``/steps`` (every step's composition, modelled and actual seconds) and ``/requests``
+(every request's prompt and output lengths and its wall-clock times: read, queued in the
+engine, first token written).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Seq:
     computed: int = 0  # prompt tokens prefilled so far
     emitted: int = 0
     tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+    times: dict[str, float] = field(default_factory=dict)  # wall clock (time.time())
 
     @property
     def decoding(self) -> bool:
@@ -129,23 +133,33 @@ def _chunk(i: int, prompt_tokens: int) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-def app(engine: Engine, model_name: str) -> web.Application:
-    """The HTTP front of ``engine``."""
+def app(engine: Engine, model_name: str, request_delay_s: float = 0.0) -> web.Application:
+    """The HTTP front of ``engine``; a request reaches it ``request_delay_s`` after it was
+    read.
+    """
+    served: list[dict[str, float]] = []
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        read_s = time.time()
         prompt = body.get("prompt")
         n = int(body.get("max_tokens") or 16)
         if not isinstance(prompt, list) or not prompt or n < 1:
             return web.json_response({"error": {"message": "prompt: give a non-empty list of "
                                                 "token ids; max_tokens >= 1"}}, status=400)
         seq = Seq(len(prompt), n)
+        seq.times.update(read_s=read_s, prompt_tokens=len(prompt), max_tokens=n)
+        served.append(seq.times)
+        if request_delay_s > 0:
+            await asyncio.sleep(request_delay_s)
+        seq.times["queued_s"] = time.time()
         engine.submit(seq)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         with contextlib.suppress(ConnectionError):
             while (i := await seq.tokens.get()) is not None:
                 await resp.write(_chunk(i, seq.prompt))
+                seq.times.setdefault("first_token_s", time.time())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         return resp
@@ -168,12 +182,16 @@ def app(engine: Engine, model_name: str) -> web.Application:
     async def steps(_request: web.Request) -> web.Response:
         return web.json_response(engine.log)
 
+    async def requests(_request: web.Request) -> web.Response:
+        return web.json_response(served)
+
     application = web.Application()
     application.router.add_post("/v1/completions", completions)
     application.router.add_get("/v1/models", models)
     application.router.add_get("/metrics", metrics)
     application.router.add_get("/health", health)
     application.router.add_get("/steps", steps)
+    application.router.add_get("/requests", requests)
     return application
 
 
@@ -187,14 +205,19 @@ def main() -> None:
     parser.add_argument("--coefficients", default="builtin")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--request-delay-ms", type=float, default=0.0,
+                        help="each request reaches the engine this long after it is read")
     args = parser.parse_args()
+    if args.request_delay_ms < 0:
+        parser.error(f"--request-delay-ms {args.request_delay_ms}: must be >= 0")
     device = load_device(args.device)
     step_model = RooflineStepModel(load_shape(args.model), device, args.tp,
                                    load_coefficients(args.coefficients, device.kind))
 
     async def serve() -> None:
         engine = Engine(step_model, args.max_num_seqs, args.max_num_batched_tokens)
-        runner = web.AppRunner(app(engine, "stand-in"), access_log=None)
+        runner = web.AppRunner(app(engine, "stand-in", args.request_delay_ms / 1e3),
+                               access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024).start()
         print("ready", flush=True)

@@ -1,11 +1,15 @@
-"""Per-request costs outside the engine's steps (``service.overheads``), applied around the
-clock-free core: the core sees each request ``request_ms`` after its arrival (API and
-tokenisation before the scheduler), and the tables the run reports put each output token
-``index × per_output_token_ms`` later than its step ended (detokenisation and streaming add
-to every gap the client sees). Both default to 0, which leaves a run unchanged.
+"""Per-request costs outside the engine's steps (``service.overheads``; for ``llm_roofline``
+the coefficient set's, unless the service gives its own), applied around the clock-free
+core as BLIS applies its α terms: the core sees each request ``request_ms`` after its
+arrival (API and tokenisation before the scheduler), and the tables the run reports put
+each output token ``index × per_output_token_ms`` later than its step ended (detokenisation
+and streaming add to every gap the client sees) and each response ``post_decode_ms`` after
+its last token. All default to 0, which leaves a run unchanged.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -13,20 +17,37 @@ import pandas as pd
 from sim.scenario.llm import LlmScenario
 
 
-def overheads_s(scenario: LlmScenario) -> tuple[float, float]:
-    """(request, per output token) overheads of the scenario's service, in seconds."""
+class Overheads(NamedTuple):
+    """A run's per-request overheads, in seconds."""
+
+    request_s: float = 0.0
+    per_token_s: float = 0.0
+    post_decode_s: float = 0.0
+
+
+def overheads_s(scenario: LlmScenario) -> Overheads:
+    """(request, per output token, post-decode) overheads of the scenario's service, in
+    seconds: ``service.overheads``, or an ``llm_roofline`` service's coefficient set's.
+    """
     cfg = getattr(scenario.service, "overheads", None)
+    if cfg is None and scenario.service.kind == "llm_roofline":
+        from sim.scenario.roofline.service import roofline_overheads
+
+        cfg = roofline_overheads(scenario.service)
     if cfg is None:
-        return 0.0, 0.0
-    return cfg.request_ms / 1e3, cfg.per_output_token_ms / 1e3
+        return Overheads()
+    return Overheads(cfg.request_ms / 1e3, cfg.per_output_token_ms / 1e3,
+                     cfg.post_decode_ms / 1e3)
 
 
 def apply_overheads(requests: pd.DataFrame, tokens: pd.DataFrame, token_s: np.ndarray,
                     token_offset: np.ndarray, arrival_s: np.ndarray, per_token_s: float,
+                    post_decode_s: float = 0.0,
                     ) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
     """The tables as the client sees them: arrivals back at their scheduled times (the core
-    saw them later by the request overhead) and token ``k`` of each request
-    ``k × per_token_s`` later.
+    saw them later by the request overhead), token ``k`` of each request
+    ``k × per_token_s`` later, and each finished response ``post_decode_s`` after its last
+    token.
 
     Args:
         requests: The core's requests table (its ``arrival_s`` shifted).
@@ -35,6 +56,7 @@ def apply_overheads(requests: pd.DataFrame, tokens: pd.DataFrame, token_s: np.nd
         token_offset: Start of each request's tokens in ``token_s`` (one more than requests).
         arrival_s: Every request's scheduled arrival (before the shift).
         per_token_s: Added per output token after the first.
+        post_decode_s: Added to each response's finish (not to its tokens).
 
     Returns:
         The requests, tokens and token times, adjusted (new objects).
@@ -51,4 +73,6 @@ def apply_overheads(requests: pd.DataFrame, tokens: pd.DataFrame, token_s: np.nd
         tokens["time_s"] = tokens["time_s"] + tokens["index"] * per_token_s
         out = requests["output_tokens"].to_numpy(float)
         requests["finish_s"] = requests["finish_s"] + np.maximum(out - 1, 0) * per_token_s
+    if post_decode_s and n:  # NaN (unfinished) stays NaN
+        requests["finish_s"] = requests["finish_s"] + post_decode_s
     return requests, tokens, token_s

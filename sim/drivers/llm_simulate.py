@@ -283,9 +283,9 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
         model = step_model(model)
     horizon = horizon_s(scn, core.arrival_s)
     arrival_s = core.arrival_s
-    request_s, per_token_s = overheads_s(scn)
-    if request_s:  # the core sees a request when it is past the API and tokenisation
-        core.arrival_s = core.arrival_s + request_s
+    over = overheads_s(scn)
+    if over.request_s:  # the core sees a request when it is past the API and tokenisation
+        core.arrival_s = core.arrival_s + over.request_s
     until = math.inf if drain_timeout_s is None else horizon + drain_timeout_s
     end_s = simulate(core, model, until, llm_cold_start(scn))
     counts = core.close()
@@ -296,9 +296,10 @@ def run(scenario: LlmScenario | dict[str, Any] | str | Path,
     if caching:
         requests["cached_tokens"] = cached_tokens(core)
     token_s = core.token_s
-    if request_s or per_token_s:
+    if any(over):
         requests, tokens, token_s = apply_overheads(requests, tokens, core.token_s,
-                                                    core.token_offset, arrival_s, per_token_s)
+                                                    core.token_offset, arrival_s,
+                                                    over.per_token_s, over.post_decode_s)
     num_blocks = core.limits.num_blocks
     summary = summarize_llm(requests, token_s, core.token_offset, steps, queue,
                             warmup_s=scn.warmup_s, horizon_s=horizon, end_s=end_s,

@@ -8,11 +8,15 @@ device and tp, on the same arrival schedule, and the loss is the mean absolute r
 error of the TTFT and E2E percentiles (p50, p90, p99) against the measured ones, as BLIS
 fits its trained-physics coefficients to request latencies rather than to step times.
 
-The search is Nelder–Mead (scipy, derivative-free) over the logarithms of three multipliers
+The search is Nelder–Mead (scipy, derivative-free) over the logarithms of four multipliers
 of the starting set (a step-profile NNLS fit, a shipped set or a file): one on the prefill
-terms, one on the decode and weight terms, one on the fixed overheads; the step model's
-bases keep their shape, the search scales the groups that request latencies can tell
-apart (a start without fixed overheads gets 100 µs per step for its group to scale).
+terms, one on the decode and weight terms, one on the fixed overheads per step, and one on
+the per-request overhead outside the steps (``request_overheads.request_ms``: API and
+tokenisation before the scheduler, BLIS's α₀, which only TTFT and E2E show); the step
+model's bases keep their shape, the search scales what request latencies can tell apart (a
+start without fixed overheads gets 100 µs per step, one without a request overhead 5 ms,
+for their multipliers to scale). The set's per-output-token and post-decode overheads are
+applied as they are.
 Evaluations are bounded (``max_evals``), the start simplex is fixed, the held-out
 directories are chosen by a seeded draw: the same inputs give the same coefficients.
 """
@@ -29,6 +33,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from sim.drivers.llm_overheads import apply_overheads
 from sim.drivers.llm_simulate import build_llm_core, horizon_s, llm_cold_start, simulate, tables
 from sim.errors import UserError
 from sim.scenario.llm import LlmScenario, load_llm_scenario
@@ -42,8 +47,12 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 TARGETS = (("ttft_ms", 50), ("ttft_ms", 90), ("ttft_ms", 99), ("e2e_ms", 50),
            ("e2e_ms", 90), ("e2e_ms", 99))
+# the fourth multiplier: the per-request overhead outside the steps (ms)
+REQUEST = "request_ms"
+PARAMS = (*GROUPS, REQUEST)
 KV_POLICIES = ("continuous", "vllm", "sarathi")
 SEED_PER_STEP_US = 100.0
+SEED_REQUEST_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -112,13 +121,22 @@ def load_bench_run(path: str | Path, service: dict[str, Any]) -> BenchRun:
 
 def simulate_run(run: BenchRun, shape: ModelShape, device: DeviceSheet, tp: int,
                  coefficients: Coefficients) -> dict[str, float]:
-    """The percentiles of one bench run's scenario simulated with ``coefficients``."""
+    """The percentiles of one bench run's scenario simulated with ``coefficients`` (their
+    per-request overheads applied as :func:`sim.llm.run` applies ``service.overheads``).
+    """
     core = build_llm_core(run.scenario)
     model = RooflineStepModel(shape, device, tp, coefficients)
-    until = math.inf if run.drain_s is None else horizon_s(run.scenario, core.arrival_s) \
+    arrival_s = core.arrival_s
+    until = math.inf if run.drain_s is None else horizon_s(run.scenario, arrival_s) \
         + run.drain_s
+    over = coefficients.overheads
+    core.arrival_s = arrival_s + over.get(REQUEST, 0.0) / 1e3
     simulate(core, model, until, llm_cold_start(run.scenario))
-    return percentiles(tables(core)[0], run.scenario.warmup_s)
+    requests, _, tokens, _ = tables(core)
+    requests, _, _ = apply_overheads(requests, tokens, core.token_s, core.token_offset,
+                                     arrival_s, over.get("per_output_token_ms", 0.0) / 1e3,
+                                     over.get("post_decode_ms", 0.0) / 1e3)
+    return percentiles(requests, run.scenario.warmup_s)
 
 
 def run_errors(sim: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
@@ -128,12 +146,17 @@ def run_errors(sim: dict[str, float], measured: dict[str, float]) -> dict[str, f
 
 
 def scaled(start: Coefficients, log_scales: np.ndarray, name: str) -> Coefficients:
-    """``start`` with each group's terms multiplied by ``exp`` of its log-scale."""
+    """``start`` with each group's terms multiplied by ``exp`` of its log-scale (one per
+    :data:`GROUPS`, then optionally one for the request overhead).
+    """
     values = dict(start.values)
-    for (_, terms), s in zip(GROUPS.items(), log_scales, strict=True):
+    for (_, terms), s in zip(GROUPS.items(), log_scales[:len(GROUPS)], strict=True):
         for term in terms:
             values[term] = start.values[term] * math.exp(float(s))
-    return Coefficients(values, name, dict(start.meta))
+    over = dict(start.overheads)
+    if len(log_scales) > len(GROUPS):
+        over[REQUEST] = over.get(REQUEST, 0.0) * math.exp(float(log_scales[len(GROUPS)]))
+    return Coefficients(values, name, dict(start.meta), over)
 
 
 def split(runs: list[BenchRun], holdout: float, seed: int) -> tuple[list[BenchRun],
@@ -155,9 +178,12 @@ def split(runs: list[BenchRun], holdout: float, seed: int) -> tuple[list[BenchRu
 
 def fit_bench(runs: list[BenchRun], shape: ModelShape, device: DeviceSheet, tp: int,
               start: Coefficients, *, holdout: float = 0.34, seed: int = 0,
-              max_evals: int = 120, name: str = "fitted-bench") -> Coefficients:
+              max_evals: int = 120, name: str = "fitted-bench", fit_request: bool = True
+              ) -> Coefficients:
     """Coefficients that minimise the training runs' mean |relative error| of the TTFT and
     E2E percentiles; the held-out runs' errors, before and after, go in ``meta.fit``.
+    ``fit_request=False`` keeps the start's request overhead as it is (the three step-term
+    multipliers only: what the fit did before it had the fourth).
 
     Raises:
         UserError: no runs, a bad share or budget.
@@ -166,14 +192,19 @@ def fit_bench(runs: list[BenchRun], shape: ModelShape, device: DeviceSheet, tp: 
 
     if not runs:
         raise UserError("--bench: give at least one bench directory")
-    if max_evals < 4:
-        raise UserError(f"--max-evals {max_evals}: must be >= 4 (the simplex has 4 points)")
+    params = PARAMS if fit_request else tuple(GROUPS)
+    if max_evals < len(params) + 1:
+        raise UserError(f"--max-evals {max_evals}: must be >= {len(params) + 1} (the "
+                        f"simplex has {len(params) + 1} points)")
     train, test = split(runs, holdout, seed)
     if not any(start.values[t] for t in GROUPS["overhead"]):
         # a start without fixed overheads (a step-profile fit of a bare decoder) gets a
         # seed per step for the search to scale: a server adds its own per step
         start = Coefficients({**start.values, "per_step": SEED_PER_STEP_US}, start.name,
-                             start.meta)
+                             start.meta, start.overheads)
+    if fit_request and not start.overheads.get(REQUEST):  # likewise without a request one
+        start = Coefficients(start.values, start.name, start.meta,
+                             {**start.overheads, REQUEST: SEED_REQUEST_MS})
     history: list[float] = []
 
     def loss(x: np.ndarray) -> float:
@@ -186,8 +217,8 @@ def fit_bench(runs: list[BenchRun], shape: ModelShape, device: DeviceSheet, tp: 
         history.append(value)
         return value
 
-    simplex = np.vstack([np.zeros(len(GROUPS)), 0.5 * np.eye(len(GROUPS))])
-    result = minimize(loss, np.zeros(len(GROUPS)), method="Nelder-Mead",
+    simplex = np.vstack([np.zeros(len(params)), 0.5 * np.eye(len(params))])
+    result = minimize(loss, np.zeros(len(params)), method="Nelder-Mead",
                       options={"initial_simplex": simplex, "maxfev": max_evals,
                                "xatol": 0.01, "fatol": 1e-4})
     best = scaled(start, result.x, name)
@@ -201,17 +232,20 @@ def fit_bench(runs: list[BenchRun], shape: ModelShape, device: DeviceSheet, tp: 
             "fitted_on": {"bench_runs": [r.name for r in runs], "models": [shape.name],
                           "devices": [device.name], "tp": tp,
                           "engines": ["the servers the bench directories measured"]},
-            "fit": {"method": "simulation in the loop: Nelder-Mead on log group "
-                              "multipliers of the start set, mean |relative error| of TTFT "
-                              "and E2E p50/p90/p99", "start": start.name, "seed": seed,
+            "fit": {"method": "simulation in the loop: Nelder-Mead on log multipliers of "
+                              "the start set's step-term groups and request overhead, mean "
+                              "|relative error| of TTFT and E2E p50/p90/p99",
+                    "start": start.name, "seed": seed,
                     "holdout": holdout, "max_evals": max_evals,
                     "evaluations": len(history), "loss_start": history[0] if history
                     else None, "loss_fitted": float(result.fun),
                     "group_multipliers": {g: math.exp(float(s)) for g, s in
-                                          zip(GROUPS, result.x, strict=True)},
+                                          zip(params, result.x, strict=True)},
+                    "request_ms": {"start": start.overheads.get(REQUEST, 0.0),
+                                   "fitted": best.overheads.get(REQUEST, 0.0)},
                     "train": [r.name for r in train], "held_out": [r.name for r in test],
                     "runs": report}}
-    return Coefficients(best.values, name, meta)
+    return Coefficients(best.values, name, meta, best.overheads)
 
 
 def mean_abs(report: dict[str, Any], which: str) -> float | None:

@@ -39,8 +39,8 @@ from sim.scenario.schema import (
     AutoscalingCfg,
     ConstantWorkloadCfg,
     GammaWorkloadCfg,
+    LlmOverheadsCfg,
     MmppWorkloadCfg,
-    OverheadsCfg,
     PoissonWorkloadCfg,
     ScenarioError,
     SinusoidWorkloadCfg,
@@ -177,17 +177,6 @@ LlmWorkloadCfg = Annotated[
 
 
 # -- service -----------------------------------------------------------------------------------
-class LlmOverheadsCfg(OverheadsCfg):
-    """Per-request costs outside the engine's steps (BLIS's α terms), measured from outside
-    by ``servelab calibrate --endpoint``: a request joins the scheduler ``request_ms`` after
-    it arrives (API, tokenisation), and each output token after the first reaches the client
-    ``per_output_token_ms`` later than the one before on top of the steps (detokenisation,
-    streaming).
-    """
-
-    per_output_token_ms: float = Field(0.0, ge=0)
-
-
 class LlmLinearServiceCfg(_Strict):
     """Step time = base + per prefill token + per decode sequence + per KV token attended."""
 

@@ -56,6 +56,19 @@ class OverheadsCfg(_Strict):
     request_ms: float = Field(0.0, ge=0)
 
 
+class LlmOverheadsCfg(OverheadsCfg):
+    """Per-request costs outside the engine's steps (BLIS's α terms), measured from outside
+    by ``servelab calibrate --endpoint`` or fitted by ``servelab fit --bench``: a request
+    joins the scheduler ``request_ms`` after it arrives (API, tokenisation: BLIS's α₀), each
+    output token after the first reaches the client ``per_output_token_ms`` later than the
+    one before on top of the steps (detokenisation, streaming: BLIS's α₂), and the response
+    completes ``post_decode_ms`` after its last token (BLIS's α₁; E2E only).
+    """
+
+    per_output_token_ms: float = Field(0.0, ge=0)
+    post_decode_ms: float = Field(0.0, ge=0)
+
+
 class RequestOverheadsCfg(OverheadsCfg):
     """The request-level overheads: ``request_ms`` (a pure delay) and an HTTP proxy in front
     of the replicas as a single-server FIFO stage (Ray Serve's proxy: one asyncio loop for

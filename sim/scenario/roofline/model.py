@@ -30,7 +30,11 @@ term ``t``              basis ``x_t``                                           
 
 The roofline terms are in microseconds, so their coefficients are dimensionless
 corrections of the datasheet peak; everything is per GPU (the work divides over ``tp``).
-No torch, no simpy.
+
+A set may also carry the per-request costs outside the steps (``request_overheads``: BLIS's
+α terms, ``request_ms``, ``per_output_token_ms``, ``post_decode_ms``), which the simulator
+applies around the engine as ``service.overheads`` (:mod:`sim.drivers.llm_overheads`); a set
+without them has none. No torch, no simpy.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ UNITS = dict.fromkeys(TERMS[:8], "µs per µs of roofline time") | {
     "per_layer": "µs per layer", "per_request": "µs per sequence in the step",
     "per_step": "µs per step"}
 BUILTIN_FOR_KIND = {"cpu": "cpu-decoder", "gpu": "gpu-blis-iter29"}
+# per-request costs outside the steps (BLIS's α₀ + α₂, α₂, α₁), ms; see LlmOverheadsCfg
+OVERHEAD_KEYS = ("request_ms", "per_output_token_ms", "post_decode_ms")
 # a term a coefficient set leaves out takes this β (0 unless named): the sheet's all-reduce
 # latency is a measured latency, not a peak to correct, so it counts as it is
 DEFAULT_BETA = {"tp_allreduce_latency": 1.0}
@@ -116,11 +122,14 @@ class Coefficients:
         values: Term -> β (see :data:`UNITS`).
         name: Set name.
         meta: Provenance: models, devices, engines fitted on, source, fit errors.
+        overheads: Per-request costs outside the steps (:data:`OVERHEAD_KEYS`, ms); empty:
+            none.
     """
 
     values: dict[str, float]
     name: str = "custom"
     meta: dict[str, Any] = field(default_factory=dict)
+    overheads: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = {t: DEFAULT_BETA.get(t, 0.0) for t in TERMS if t not in self.values}
@@ -129,8 +138,9 @@ class Coefficients:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form."""
+        over = {"request_overheads": self.overheads} if any(self.overheads.values()) else {}
         return {"kind": "llm_roofline_coefficients", "schema_version": 1, "name": self.name,
-                "coefficients": self.values, "units": UNITS, **self.meta}
+                "coefficients": self.values, "units": UNITS, **over, **self.meta}
 
     def save(self, path: str | Path) -> Path:
         """Write the coefficients as JSON."""
@@ -190,9 +200,32 @@ def load_coefficients(ref: str, device_kind: str = "gpu") -> Coefficients:
     if unknown:
         raise HardwareError(f"service.coefficients: {ref!r}: unknown term "
                             f"{sorted(unknown)[0]!r}; allowed: {', '.join(TERMS)}")
-    meta = {k: v for k, v in data.items()
-            if k not in ("kind", "schema_version", "name", "coefficients", "units")}
-    return Coefficients(values, str(data.get("name", name)), meta)
+    meta = {k: v for k, v in data.items() if k not in (
+        "kind", "schema_version", "name", "coefficients", "units", "request_overheads")}
+    return Coefficients(values, str(data.get("name", name)), meta,
+                        _overheads(ref, data.get("request_overheads", {})))
+
+
+def _overheads(ref: str, raw: Any) -> dict[str, float]:
+    """A set's ``request_overheads`` (ms), checked.
+
+    Raises:
+        HardwareError: not a mapping, an unknown key or a negative value (named).
+    """
+    if not isinstance(raw, dict):
+        raise HardwareError(f"service.coefficients: {ref!r}: request_overheads must be a "
+                            f"mapping of {', '.join(OVERHEAD_KEYS)}")
+    unknown = set(raw) - set(OVERHEAD_KEYS)
+    if unknown:
+        raise HardwareError(f"service.coefficients: {ref!r}: unknown request_overheads key "
+                            f"{sorted(unknown)[0]!r}; allowed: {', '.join(OVERHEAD_KEYS)}")
+    out = {}
+    for key, value in raw.items():
+        if not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
+            raise HardwareError(f"service.coefficients: {ref!r}: request_overheads.{key} "
+                                f"must be a number >= 0 (ms), got {value!r}")
+        out[key] = float(value)
+    return out
 
 
 class RooflineStepModel:
@@ -219,5 +252,5 @@ class RooflineStepModel:
         return sum(self.contributions_us(comp).values()) / 1e6
 
 
-__all__ = ["TERMS", "UNITS", "Coefficients", "RooflineStepModel", "builtin_coefficients",
-           "load_coefficients", "terms_us"]
+__all__ = ["OVERHEAD_KEYS", "TERMS", "UNITS", "Coefficients", "RooflineStepModel",
+           "builtin_coefficients", "load_coefficients", "terms_us"]

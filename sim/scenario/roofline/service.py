@@ -8,6 +8,7 @@ service:
   tp: 1                           # tensor-parallel GPUs per engine
   coefficients: builtin           # builtin (the set for the device's kind) | builtin:NAME | PATH
   gpu_memory_utilization: 0.9     # sizes the KV cache when policy.num_gpu_blocks is not given
+  # overheads: {request_ms: 10}   # per-request costs outside the steps (default: the set's)
 ```
 """
 
@@ -27,7 +28,7 @@ from sim.scenario.roofline.hardware import (
     model_shape_from_config,
 )
 from sim.scenario.roofline.model import RooflineStepModel, load_coefficients
-from sim.scenario.schema import ScenarioError, _Strict
+from sim.scenario.schema import LlmOverheadsCfg, ScenarioError, _Strict
 
 _DATA = resources.files("sim.scenario.roofline")  # shipped devices, coefficients, models
 
@@ -50,6 +51,8 @@ class LlmRooflineServiceCfg(_Strict):
     # written by servelab: the policy.num_gpu_blocks it derived, so that a changed device,
     # tp or model (a sweep over the resolved scenario) derives them again
     derived_num_gpu_blocks: int | None = Field(None, ge=1)
+    # per-request costs outside the steps; None: the coefficient set's (BLIS's α terms)
+    overheads: LlmOverheadsCfg | None = None
 
 
 def builtin_models() -> list[str]:
@@ -88,6 +91,19 @@ def build_roofline(cfg: LlmRooflineServiceCfg) -> RooflineStepModel:
     shape = load_shape(cfg.model, cfg.dtype)
     return RooflineStepModel(shape, device, cfg.tp,
                              load_coefficients(cfg.coefficients, device.kind))
+
+
+def roofline_overheads(cfg: LlmRooflineServiceCfg) -> LlmOverheadsCfg | None:
+    """The service's per-request overheads: its own ``overheads``, else its coefficient
+    set's ``request_overheads`` (None when the set has none).
+
+    Raises:
+        HardwareError: a bad device or coefficient set (named).
+    """
+    if cfg.overheads is not None:
+        return cfg.overheads
+    coeffs = load_coefficients(cfg.coefficients, load_device(cfg.device).kind)
+    return LlmOverheadsCfg(**coeffs.overheads) if any(coeffs.overheads.values()) else None
 
 
 def prepare_roofline(data: dict[str, Any]) -> dict[str, Any]:
