@@ -52,13 +52,19 @@ def miss_p50(cfg: dict, run_dir, profile_path: str, tmp_path) -> float:
     """How far a prediction from ``profile_path`` must miss the run's p50 latency because the
     device did not run at that profile's speed: simulate the scenario once with the profile,
     once with a profile made of the service times this run measured at each batch size, and
-    compare the two p50s.
+    compare the two p50s. A size the run never dispatched (the simulation may: a busy
+    machine's run can hold no batch of 3 or 4) takes the profile's samples times the run's own
+    measured/profiled ratio, interpolated in log size from the sizes it did dispatch (nearest
+    beyond), as the probe rescales a profile.
     """
     batches = pd.read_parquet(run_dir / "batches.parquet").dropna(subset=["finish_s"])
     took = batches.assign(s=batches["finish_s"] - batches["start_s"]).groupby("items")["s"]
-    measured = LatencyProfile(samples_s={int(b): g.to_numpy() for b, g in took},
-                              model={"name": "sleep"}, device={"kind": "cpu"},
-                              meta={"threads": 1})
+    seen = {int(b): g.to_numpy() for b, g in took}
+    stored = load_profile(profile_path)
+    filled = stored.rescaled({b: float(np.median(v)) / stored.median_s(b)
+                              for b, v in seen.items()}).samples_s
+    measured = LatencyProfile(samples_s={**filled, **seen}, model={"name": "sleep"},
+                              device={"kind": "cpu"}, meta={"threads": 1})
     path = str(measured.save(tmp_path / f"measured-{run_dir.name}.json"))
     p50 = [sim.run(cfg, {"service.path": p}).summary["latency_ms"]["p50"]
            for p in (profile_path, path)]

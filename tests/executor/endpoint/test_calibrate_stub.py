@@ -39,11 +39,27 @@ CLIENT_MS = 20.0  # the most the client + HTTP path may add to a TTFT on a busy 
 FALSE_ALARM = 0.01
 
 
+PATH_PROMPTS = (16, 64, 256, 1024)  # the calibration's prefill lengths (plan_grid's)
+
+
+def client_path_ms(stub_url: str, seed: int) -> dict[int, np.ndarray]:
+    """What the client path adds to the stub's TTFT at each prompt length: the same
+    one-token requests the calibration sends, timed against the stub's known 60 ms."""
+    target = probes.Target(f"{stub_url}/v1/completions", MODEL, np.random.default_rng(seed))
+    return {p: np.array(probes.prefill_ttft_s(target, p, 5)) * 1e3 - TTFT_MS
+            for p in PATH_PROMPTS}
+
+
 @pytest.fixture(scope="module")
 def profile_path(stub_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cal") / "stub.json"
+    # the client path just before the calibration (the test probes it again just after: a
+    # busy machine's path moves while the calibration runs, and the two bracket it)
+    before = client_path_ms(stub_url, 6)
     calibrate_endpoint(stub_url, out, model=MODEL, reps=5, budget_s=60,
                        say=lambda m: None)
+    out.with_suffix(".path.json").write_text(json.dumps(
+        {str(p): v.tolist() for p, v in before.items()}))
     return out
 
 
@@ -124,10 +140,13 @@ def test_calibrate_recovers_the_stubs_step_times(profile_path: Path, stub_url: s
     # the stub's wake-up add, which grows with the prompt sent (the JSON of the token ids)
     # and with the machine's load: a probe taken here, the same one-token requests at each
     # prompt length, measures it; the calibration's TTFT scatters about its fit by the
-    # residual deviation (or its own samples' median error, where larger)
-    target = probes.Target(f"{stub_url}/v1/completions", MODEL, np.random.default_rng(7))
+    # residual deviation (or its own samples' median error, where larger); the path is probed
+    # just before and just after the calibration, and the slower of the two bounds it
     prefill = profile.prefill_tokens[1:]
-    path = {p: np.array(probes.prefill_ttft_s(target, p, 5)) * 1e3 - TTFT_MS for p in prefill}
+    assert tuple(prefill) == PATH_PROMPTS
+    before = json.loads(profile_path.with_suffix(".path.json").read_text())
+    after = client_path_ms(stub_url, 7)
+    path = {p: np.concatenate([before[str(p)], after[p]]) for p in prefill}
     ttft = {p: over["request_ms"] + profile.step_s(p, 0, 0) * 1e3 for p in prefill}
     se_ttft, sigma_ms = _ols_se(np.column_stack([np.ones(len(prefill)), prefill]),
                                 np.array([ttft[p] for p in prefill]))
