@@ -52,6 +52,7 @@ from executor.endpoint.calibrate_plan import (
     OUTPUT_TOKENS,
     SMALL_BATCH_REPS,
     _runs,
+    decode_order,
     estimate_s,
     plan_grid,
 )
@@ -84,7 +85,8 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
         reps: Samples per probe point (fewer where the budget needs it; at least 3).
         max_num_seqs: The server's limit where the user knows it (caps the decode grid).
         max_num_batched_tokens: Likewise (caps the prefill grid).
-        seed: Seeds the prompts' random token ids.
+        seed: Seeds the prompts' random token ids and the order of the decode cells
+            (recorded with that order in the profile's ``meta.decode_order``).
         say: Prints the plan and progress.
 
     Raises:
@@ -119,6 +121,7 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
     info: dict[str, Any] = {"endpoint": base, "model": model, "server_models": listed,
                             "server": knobs, "reps": reps, "budget_s": budget_s,
                             "max_model_len": max_len, "prompt_salt": salt,
+                            "decode_order_seed": seed,
                             "cached_cells": prefix_probe.plan_cells(
                                 max_len, max_num_batched_tokens,
                                 bool(knobs.get("enable_prefix_caching", False)))}
@@ -166,6 +169,11 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
         raise EndpointError(f"--budget-s {budget_s:g}: too small for this server; the "
                             f"smallest plan takes about {need + budget_s - left:.0f} s")
     info["reps"], info["small_batch_reps"] = reps, small
+    # the decode cells in a seeded shuffled order: a drift of the machine's speed during the
+    # probe becomes scatter about the fit instead of a bias of its context term
+    order = decode_order(grid, info["decode_order_seed"])
+    context_of = dict(zip(grid["decode_prompts"], contexts, strict=True))
+    info["decode_order"] = [[d, context_of[p]] for p, d in order]
     say(f"plan (about {need:.0f} s of {left:.0f} s left): prefill {grid['prefill_tokens']} "
         f"tokens × {reps}; decode {grid['decode_seqs']} sequences at prompts "
         f"{grid['decode_prompts']} × {OUTPUT_TOKENS} output tokens ({small} × the samples "
@@ -183,23 +191,24 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
         say(f"prefill {p:5d} tokens: TTFT median {np.median(ttft[p]) * 1e3:.2f} ms"
             + (f" (server's prefill step {inside * 1e3:.2f} ms)" if inside else ""))
     delta_s = 0.0
-    for prompt, ctx in zip(grid["decode_prompts"], contexts, strict=True):
-        for d in grid["decode_seqs"]:
-            before = server_info.metrics(base) if d == 1 else None
-            samples = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS,
-                                          _runs(d, reps, small))
-            if not samples:
-                raise EndpointError(f"decode probe of {d} sequences: longer outputs did not "
-                                    "take longer (a server too noisy to probe, or one that "
-                                    "does not stream per token?)")
-            itl[(d, ctx)] = samples
-            if d == 1 and prompt == grid["decode_prompts"][0]:
-                server = server_info.histogram_mean(before, server_info.metrics(base), SERVER_ITL)
-                if server is not None:
-                    delta_s = max(0.0, float(np.mean(itl[(d, ctx)])) - server)
-                    info["delta_s"] = delta_s
-            say(f"decode {d:3d} seqs at context {ctx}: ITL median "
-                f"{np.median(itl[(d, ctx)]) * 1e3:.2f} ms")
+    for prompt, d in order:
+        ctx = context_of[prompt]
+        # one sequence at the shortest context: the server's own ITL beside the client's
+        server_itl = d == 1 and prompt == grid["decode_prompts"][0]
+        before = server_info.metrics(base) if server_itl else None
+        samples = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS, _runs(d, reps, small))
+        if not samples:
+            raise EndpointError(f"decode probe of {d} sequences: longer outputs did not "
+                                "take longer (a server too noisy to probe, or one that "
+                                "does not stream per token?)")
+        itl[(d, ctx)] = samples
+        if server_itl:
+            server = server_info.histogram_mean(before, server_info.metrics(base), SERVER_ITL)
+            if server is not None:
+                delta_s = max(0.0, float(np.mean(itl[(d, ctx)])) - server)
+                info["delta_s"] = delta_s
+        say(f"decode {d:3d} seqs at context {ctx}: ITL median "
+            f"{np.median(itl[(d, ctx)]) * 1e3:.2f} ms")
     info["delta_s"] = delta_s
     profile, meta = _fit(grid, contexts, ttft, itl, delta_s, engine)
     context_s: dict[str, list[float]] = {}
@@ -258,20 +267,19 @@ def _write_partial(signame: str, grid: dict[str, list[int]], contexts: list[int]
                    max_num_batched_tokens: int | None, say: Callable[[str], None]
                    ) -> dict[str, Any]:
     """After a stop signal: the profile of the points measured so far (a rectangular grid:
-    the prefill lengths done, and the decode sizes done at every context kept), marked
-    ``meta.partial``; where too few points were measured for that (2 prefill lengths and 2
-    decode points), the raw samples in ``OUT.partial.json`` (not a usable profile).
+    the prefill lengths done, and the largest block of decode cells measured, the decode
+    sizes done at every context kept, :func:`_largest_block`), marked ``meta.partial``, which
+    also keeps every decode cell's samples (those outside the block too); where too few
+    points were measured for that (2 prefill lengths and 2 decode points), the raw samples in
+    ``OUT.partial.json`` (not a usable profile).
     """
-    done_ctx = [c for c in contexts if all((d, c) in itl for d in grid["decode_seqs"])]
-    if done_ctx:
-        seqs = list(grid["decode_seqs"])
-    else:
-        done_ctx = contexts[:1]
-        seqs = [d for d in grid["decode_seqs"] if (d, contexts[0]) in itl]
+    done_ctx, seqs = _largest_block(grid["decode_seqs"], contexts, itl)
     kept = {(d, c): itl[(d, c)] for c in done_ctx for d in seqs}
     partial = {"stopped_by": signame, "prefill_points": len(ttft), "decode_points": len(itl),
                "planned_prefill_points": len(grid["prefill_tokens"]),
-               "planned_decode_points": len(grid["decode_seqs"]) * len(contexts)}
+               "planned_decode_points": len(grid["decode_seqs"]) * len(contexts),
+               "decode_cells_done": [[d, c] for d, c in itl],
+               "decode_itl_s": {f"{d},{c}": v for (d, c), v in itl.items()}}
     if len(ttft) < 2 or len(kept) < 2:
         path = out.with_suffix(".partial.json")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -290,6 +298,22 @@ def _write_partial(signame: str, grid: dict[str, list[int]], contexts: list[int]
     say(f"stopped by {signame}: partial profile of {len(ttft)} prefill and {len(kept)} "
         "decode points (no mixed step check)")
     return _save(profile, meta, out, max_num_seqs, max_num_batched_tokens, say)
+
+
+def _largest_block(seqs: list[int], contexts: list[int],
+                   itl: dict[tuple[int, int], list[float]]) -> tuple[list[int], list[int]]:
+    """The contexts and decode sizes of the largest rectangular block of measured decode cells
+    (most cells; then the most contexts, then the earliest): the shuffled probe leaves its
+    cells scattered over the grid when a signal stops it.
+    """
+    best: tuple[list[int], list[int]] = (contexts[:1], [])
+    for mask in range(1, 2 ** len(contexts)):
+        ctxs = [c for i, c in enumerate(contexts) if mask >> i & 1]
+        done = [d for d in seqs if all((d, c) in itl for c in ctxs)]
+        if len(done) >= 2 and (len(ctxs) * len(done), len(ctxs)) > (
+                len(best[0]) * len(best[1]), len(best[0])):
+            best = (ctxs, done)
+    return best
 
 
 def _chunked(target: probes.Target, base: str, profile: StepProfile, chunked: list[int],

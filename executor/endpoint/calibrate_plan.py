@@ -1,11 +1,14 @@
 """The probe plan of ``calibrate --endpoint`` (:mod:`executor.endpoint.calibrate`): the grid
-of prompt lengths, decode batch sizes and contexts within the server's limits, how many runs
-each decode cell takes, and the time the plan takes, so it can be sized to the budget.
+of prompt lengths, decode batch sizes and contexts within the server's limits, the seeded
+order the decode cells are probed in, how many runs each decode cell takes, and the time the
+plan takes, so it can be sized to the budget.
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from executor.endpoint import prefix_probe, probes
 from executor.endpoint.server_info import EndpointError
@@ -22,6 +25,7 @@ MIN_REPS = 3
 # the tiny vLLM's cells 15-30% apart between two calibrations of the same server, and TPOT
 # at ρ 0.3 is those cells' value
 SMALL_BATCH_REPS = 3
+DECODE_ORDER_STREAM = 2828  # the decode order's own random stream beside the prompts' (2929)
 
 def plan_grid(max_model_len: int, max_num_seqs: int | None,
               max_num_batched_tokens: int | None) -> dict[str, list[int]]:
@@ -47,6 +51,20 @@ def plan_grid(max_model_len: int, max_num_seqs: int | None,
                 // max_num_batched_tokens)
         grid["chunked"] = [max_num_batched_tokens, k]
     return grid
+
+
+def decode_order(grid: dict[str, list[int]], seed: int) -> list[tuple[int, int]]:
+    """The decode cells ``(prompt tokens, sequences)`` of ``grid`` in the order they are
+    probed: every cell once, shuffled by ``seed`` (the same seed, the same order).
+
+    Probed context by context, a machine whose speed drifts during the probe (a job starting
+    beside it, a CPU clocking down) would put the drift into the context term, where the
+    fit's residuals cannot show it; shuffled, the drift is scatter about the fit, which its
+    residuals and standard errors do show.
+    """
+    cells = [(p, d) for p in grid["decode_prompts"] for d in grid["decode_seqs"]]
+    order = np.random.default_rng([seed, DECODE_ORDER_STREAM]).permutation(len(cells))
+    return [cells[int(i)] for i in order]
 
 
 def _runs(seqs: int, reps: int, small_reps: int = SMALL_BATCH_REPS) -> int:

@@ -58,11 +58,12 @@ def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> Non
 
 
 def signal_mid_run(args: list[str], first: str, sig: int, after: str | None = None,
-                   wait_s: float = 1.5, stream: str = "stderr"
+                   wait_s: float = 1.5, stream: str = "stderr", after_lines: int = 1
                    ) -> tuple[subprocess.Popen[str], str]:
     """Start ``servelab ARGS``, wait for a line of ``stream`` starting with ``first`` (the
-    signal handlers are in place by then) and, when given, one containing ``after``, then
-    ``wait_s``; send ``sig``; return the finished process and the rest of its output.
+    signal handlers are in place by then) and, when given, ``after_lines`` lines containing
+    ``after``, then ``wait_s``; send ``sig``; return the finished process and the rest of its
+    output.
     """
     proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -73,7 +74,11 @@ def signal_mid_run(args: list[str], first: str, sig: int, after: str | None = No
     line = pipe.readline()
     seen.append(line)
     assert line.startswith(first), line
-    while after is not None and after not in line:
+    found = 0
+    while after is not None:
+        found += after in line
+        if found >= after_lines:
+            break
         line = pipe.readline()
         seen.append(line)
         assert line, "".join(seen)

@@ -1,7 +1,7 @@
 """The endpoint calibration's fit and the bench's prompts, without a server: fresh prompts
 per salt, histogram buckets from ``/metrics``, the per-request overhead from the server's own
-prefill time or a curved TTFT intercept, the chunked-prefill probe's plan and its fit, and
-the decode probe's estimators.
+prefill time or a curved TTFT intercept, the chunked-prefill probe's plan and its fit, the
+decode probe's estimators, and the seeded order of its cells.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from executor.endpoint.bench import make_jobs
 from executor.endpoint.calibrate import (
     SMALL_BATCH_REPS,
     _fit,
+    _largest_block,
     _request_s,
     _runs,
     estimate_s,
     plan_grid,
 )
+from executor.endpoint.calibrate_plan import decode_order
 from executor.endpoint.client import Job, Outcome
 from executor.endpoint.compare_endpoint import _geomean
 from executor.endpoint.probes import (
@@ -225,3 +227,31 @@ def test_a_tight_budget_gives_up_the_small_batches_extra_samples_first() -> None
     plain = estimate_s(grid, 5, 0.2, 0.003, small_reps=1)
     assert plain < full
     assert _runs(1, 3, 1) == 3 and _runs(2, 3, 1) == 2  # the smallest plan: as before
+
+
+def test_the_decode_cells_are_probed_in_an_order_the_seed_shuffles() -> None:
+    grid = plan_grid(2048, None, None)
+    order = decode_order(grid, 0)
+    cells = [(p, d) for p in grid["decode_prompts"] for d in grid["decode_seqs"]]
+    # every cell once
+    assert sorted(order) == sorted(cells) and len(order) == len(cells) == 18
+    # the same seed, the same order; another seed, another
+    assert decode_order(plan_grid(2048, None, None), 0) == order
+    assert decode_order(grid, 1) != order
+    # not context by context: every context is visited before the first is done
+    first_done = max(i for i, (p, _) in enumerate(order) if p == cells[0][0])
+    assert {p for p, _ in order[:first_done]} == set(grid["decode_prompts"])
+    # a trimmed grid (a tight budget drops the largest batches): its own cells, once each
+    small = {**grid, "decode_seqs": grid["decode_seqs"][:3]}
+    assert sorted(decode_order(small, 0)) == sorted(
+        (p, d) for p in grid["decode_prompts"] for d in small["decode_seqs"])
+
+
+def test_a_stopped_shuffled_probe_keeps_the_largest_block_of_measured_cells() -> None:
+    seqs, contexts = [1, 2, 4, 8], [64, 544, 1120]
+    cells = {(1, 64), (4, 64), (1, 544), (2, 544), (4, 544), (8, 1120)}
+    itl = {c: [0.01] for c in cells}
+    # two contexts x two sizes (4 cells) beats one context x three sizes (3 cells)
+    assert _largest_block(seqs, contexts, itl) == ([64, 544], [1, 4])
+    # no two sizes at any one context: no block (the samples alone are written)
+    assert _largest_block(seqs, contexts, {(1, 64): [0.01], (2, 544): [0.01]})[1] == []
