@@ -10,7 +10,11 @@ import math
 from executor.endpoint import prefix_probe, probes
 from executor.endpoint.server_info import EndpointError
 
-PREFILL_TOKENS = (16, 64, 256, 1024)
+# 512 between 256 and 1,024: attention makes a prefill step's time curve up with its length,
+# and the profile interpolates straight between grid points. Without it the tiny vLLM's
+# ~400-token prefills (a 2,048-token budget runs each in one step) were priced 14% high,
+# mixed with decodes or not (measured 57 ms against 65; benchmarks/results/fidelity_vllm.md)
+PREFILL_TOKENS = (16, 64, 256, 512, 1024)
 DECODE_SEQS = (1, 2, 4, 8, 16, 32)  # busy chunked servers run 20-30 decodes (linear model beyond)
 # contexts 64, 544 and 1,120: a 1,024-token prompt's decodes lie inside the grid (beyond its
 # longest context a step falls back to the linear model)
