@@ -303,12 +303,17 @@ def main() -> None:
 
 
 def _stop_at(text: str | None) -> float | None:
-    """Epoch seconds of today's HH:MM UTC (None: no limit)."""
+    """Epoch seconds of the next HH:MM UTC within 12 hours, else the last one (None: no
+    limit): 00:15 given at 23:00 is tomorrow's (today's made the run skip every point).
+    """
     if text is None:
         return None
     now = datetime.datetime.now(datetime.UTC)
     hour, minute = (int(v) for v in text.split(":"))
-    return now.replace(hour=hour, minute=minute, second=0, microsecond=0).timestamp()
+    at = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    if (now - at).total_seconds() > 12 * 3600:
+        at += datetime.timedelta(days=1)
+    return at.timestamp()
 
 
 if __name__ == "__main__":

@@ -81,3 +81,18 @@ def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: floa
     chunked = reps * ttft_s * grid["chunked"][1] if grid["chunked"] else 0.0
     cached = prefix_probe.estimate_s(cells or [], reps, per_token_s)
     return prefill + decode + chunked + cached + OUTPUT_TOKENS * 2 * itl_s * 2
+
+
+def mixed_point(grid: dict[str, list[int]], max_num_batched_tokens: int | None
+                ) -> tuple[int, int]:
+    """(prefill tokens, decodes) of the mixed-step check: the third grid sizes, with the
+    prefill cut to what the token budget leaves beside the decodes. A server schedules its
+    running decodes first, so a 256-token prompt among 4 decodes under a 256-token budget
+    prefills as 252 + 4 tokens, and its first token comes after the 4-token step (the check
+    then timed a 6 ms step against a 34 ms price).
+    """
+    d = grid["decode_seqs"][min(2, len(grid["decode_seqs"]) - 1)]
+    p = grid["prefill_tokens"][min(2, len(grid["prefill_tokens"]) - 1)]
+    if max_num_batched_tokens:
+        p = min(p, max_num_batched_tokens - d)
+    return p, d

@@ -22,6 +22,7 @@ from executor.endpoint.calibrate import (
     estimate_s,
     plan_grid,
 )
+from executor.endpoint.calibrate_plan import mixed_point
 from executor.endpoint.client import Job, Outcome
 from executor.endpoint.compare_endpoint import _geomean
 from executor.endpoint.probes import (
@@ -255,3 +256,11 @@ def test_the_prefill_grid_prices_a_curved_prefill_mixed_with_decodes_within_5pct
     # the old grid's error at 400 tokens, on the same curve
     old = np.interp(400, [256, 1024], [prefill_s(256), prefill_s(1024)])
     assert old / prefill_s(400) - 1 > 0.1
+
+
+def test_the_mixed_check_prefills_what_the_token_budget_leaves_beside_its_decodes() -> None:
+    # vLLM schedules the running decodes first: under a 256-token budget a 256-token prompt
+    # among 4 decodes would prefill as 252 + 4 and return its first token after the small step
+    assert mixed_point(plan_grid(4096, 64, 256), 256) == (252, 4)
+    assert mixed_point(plan_grid(4096, 64, 2048), 2048) == (256, 4)
+    assert mixed_point(plan_grid(4096, 64, None), None) == (256, 4)
