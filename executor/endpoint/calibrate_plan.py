@@ -66,14 +66,18 @@ def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: floa
                small_reps: int = SMALL_BATCH_REPS,
                cells: list[list[int]] | None = None) -> float:
     """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
-    ITL (decode steps assumed to grow linearly with sequences, by a quarter step each; each
-    decode batch prefills its ``D`` prompts at the long prefill's speed per token; a lone
-    stream's run is one batch, a larger one's a short and a long batch), with
+    ITL (each prefill size at the long one's speed per token; decode steps assumed to grow
+    linearly with sequences, by a quarter step each; each decode batch prefills its ``D``
+    prompts at the long prefill's speed per token; a lone stream's run is one batch, a
+    larger one's a short and a long batch), with
     ``small_reps`` times the samples for the small batches and the cached-prefix probe's
     ``cells``.
     """
-    prefill = reps * len(grid["prefill_tokens"]) * ttft_s
     per_token_s = ttft_s / grid["prefill_tokens"][-1]
+    # each prompt at the long one's speed per token (attention makes shorter ones faster:
+    # an upper bound), at least one decode step; not every size at the longest one's TTFT,
+    # which counted the 512-token point as a whole 1,024-token prefill more
+    prefill = reps * sum(max(p * per_token_s, itl_s) for p in grid["prefill_tokens"])
     decode = sum(_runs(d, reps, small_reps) * ((1.25 if d > 1 else 1.0) * OUTPUT_TOKENS * itl_s
                                    * (1 + d / 4)
                                    + (2 if d > 1 else 1) * max(ttft_s, d * p * per_token_s))
