@@ -54,6 +54,7 @@ from executor.endpoint.calibrate_plan import (
     _runs,
     decode_order,
     estimate_s,
+    mixed_point,
     plan_grid,
 )
 from executor.endpoint.client import APIS
@@ -231,8 +232,7 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
             f"{fit['a_ms']:.2f} ms + {fit['ms_per_new_token']:.4f} ms per new token + "
             f"{fit['ms_per_context_pair']:.3g} ms per new × cached token + "
             f"{fit['ms_per_sq']:.3g} ms per new token² (R² {fit['r2']:.4f})")
-    mix_d = grid["decode_seqs"][min(2, len(grid["decode_seqs"]) - 1)]
-    mix_p = grid["prefill_tokens"][min(2, len(grid["prefill_tokens"]) - 1)]
+    mix_p, mix_d = mixed_point(grid, max_num_batched_tokens)
     mixed = probes.mixed_step_s(target, mix_d, grid["decode_prompts"][0], OUTPUT_TOKENS * 2,
                                 mix_p, reps, itl_one)
     composed = profile.step_s(mix_p, mix_d, mix_d * contexts[0])

@@ -13,7 +13,11 @@ import numpy as np
 from executor.endpoint import prefix_probe, probes
 from executor.endpoint.server_info import EndpointError
 
-PREFILL_TOKENS = (16, 64, 256, 1024)
+# 512 between 256 and 1,024: attention makes a prefill step's time curve up with its length,
+# and the profile interpolates straight between grid points. Without it the tiny vLLM's
+# ~400-token prefills (a 2,048-token budget runs each in one step) were priced 14% high,
+# mixed with decodes or not (measured 57 ms against 65; benchmarks/results/fidelity_vllm.md)
+PREFILL_TOKENS = (16, 64, 256, 512, 1024)
 DECODE_SEQS = (1, 2, 4, 8, 16, 32)  # busy chunked servers run 20-30 decodes (linear model beyond)
 # contexts 64, 544 and 1,120: a 1,024-token prompt's decodes lie inside the grid (beyond its
 # longest context a step falls back to the linear model)
@@ -80,14 +84,18 @@ def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: floa
                small_reps: int = SMALL_BATCH_REPS,
                cells: list[list[int]] | None = None) -> float:
     """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
-    ITL (decode steps assumed to grow linearly with sequences, by a quarter step each; each
-    decode batch prefills its ``D`` prompts at the long prefill's speed per token; a lone
-    stream's run is one batch, a larger one's a short and a long batch), with
+    ITL (each prefill size at the long one's speed per token; decode steps assumed to grow
+    linearly with sequences, by a quarter step each; each decode batch prefills its ``D``
+    prompts at the long prefill's speed per token; a lone stream's run is one batch, a
+    larger one's a short and a long batch), with
     ``small_reps`` times the samples for the small batches and the cached-prefix probe's
     ``cells``.
     """
-    prefill = reps * len(grid["prefill_tokens"]) * ttft_s
     per_token_s = ttft_s / grid["prefill_tokens"][-1]
+    # each prompt at the long one's speed per token (attention makes shorter ones faster:
+    # an upper bound), at least one decode step; not every size at the longest one's TTFT,
+    # which counted the 512-token point as a whole 1,024-token prefill more
+    prefill = reps * sum(max(p * per_token_s, itl_s) for p in grid["prefill_tokens"])
     decode = sum(_runs(d, reps, small_reps) * ((1.25 if d > 1 else 1.0) * OUTPUT_TOKENS * itl_s
                                    * (1 + d / 4)
                                    + (2 if d > 1 else 1) * max(ttft_s, d * p * per_token_s))
@@ -95,3 +103,18 @@ def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: floa
     chunked = reps * ttft_s * grid["chunked"][1] if grid["chunked"] else 0.0
     cached = prefix_probe.estimate_s(cells or [], reps, per_token_s)
     return prefill + decode + chunked + cached + OUTPUT_TOKENS * 2 * itl_s * 2
+
+
+def mixed_point(grid: dict[str, list[int]], max_num_batched_tokens: int | None
+                ) -> tuple[int, int]:
+    """(prefill tokens, decodes) of the mixed-step check: the third grid sizes, with the
+    prefill cut to what the token budget leaves beside the decodes. A server schedules its
+    running decodes first, so a 256-token prompt among 4 decodes under a 256-token budget
+    prefills as 252 + 4 tokens, and its first token comes after the 4-token step (the check
+    then timed a 6 ms step against a 34 ms price).
+    """
+    d = grid["decode_seqs"][min(2, len(grid["decode_seqs"]) - 1)]
+    p = grid["prefill_tokens"][min(2, len(grid["prefill_tokens"]) - 1)]
+    if max_num_batched_tokens:
+        p = min(p, max_num_batched_tokens - d)
+    return p, d
