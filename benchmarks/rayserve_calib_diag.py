@@ -5,6 +5,7 @@ contention probe: one request, then ``k`` more sent while its batch runs, to see
 each request the replica takes in while a batch runs lengthens that batch.
 
     fgrun python benchmarks/rayserve_calib_diag.py [--settings 16/10,8/5] [--reps 8]
+    python benchmarks/rayserve_calib_diag.py --report
 
 Writes benchmarks/results/rayserve_calib_diag-raw.json (one line per burst plan, unix s).
 """
@@ -77,11 +78,55 @@ def contention_probe(url: str, window_ms: float, reps: int, seed: int) -> dict[s
     return {"ks": ks, **keep[0]}
 
 
+def _stamps(line: dict[str, Any], sent: float, done: float) -> tuple[Any, Any]:
+    """The replica's stamps of the request the client sent at ``sent`` and had answered at
+    ``done`` (the first one entered after the send), and the batch that answered it.
+    """
+    mine = [r for r in line["requests"] if sent <= r[1] <= done and r[3] <= done]
+    if not mine:
+        return None, None
+    req = min(mine, key=lambda r: r[1] - sent)
+    runs = [b for b in line["batches"] if b[1] >= req[2] - 1e-4 and b[2] <= req[3] + 1e-4]
+    return req, (min(runs, key=lambda b: b[1]) if runs else None)
+
+
+def report(path: Path) -> None:
+    """Each lone-request pair of the overhead split, its parts from the replica's stamps
+    (ms): send -> user code, body read, wait in the batcher, batch, answer -> client.
+    """
+    for raw in path.read_text().splitlines():
+        line = json.loads(raw)
+        window_ms = float(line["setting"].split("/")[1])
+        pairs = line["calibration"][-1]  # the overhead split's bursts, in pairs
+        print(f"== {line['setting']} (window {window_ms:g} ms): calibrated outside "
+              f"{line['overhead']['request_ms']:.1f} ms")
+        for k in range(0, len(pairs["plan"]), 2):
+            if pairs["plan"][k][1] != 1:
+                continue
+            (_, a_sent, a_done), (_, b_sent, b_done) = pairs["bursts"][k][0], \
+                pairs["bursts"][k + 1][0]
+            (ra, ba), (rb, bb) = _stamps(line, a_sent, a_done), _stamps(line, b_sent, b_done)
+            if ba is None or bb is None:
+                continue
+            outside = (a_done - a_sent) - (b_done - a_done) - window_ms / 1e3
+            print(f"  B sent +{(b_sent - a_sent) * 1e3:5.1f}: A in {(ra[1] - a_sent) * 1e3:4.1f} "
+                  f"body {(ra[2] - ra[1]) * 1e3:4.1f} batch {(ba[2] - ba[1]) * 1e3:5.1f} "
+                  f"out {(a_done - ra[3]) * 1e3:4.1f} | B waited "
+                  f"{(bb[1] - rb[2]) * 1e3:5.1f} batch {(bb[2] - bb[1]) * 1e3:5.1f}, "
+                  f"idle before it {(bb[1] - ba[2]) * 1e3:4.1f} | gap "
+                  f"{(b_done - a_done) * 1e3:5.1f} -> outside {outside * 1e3:5.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--settings", default="16/10,8/5")
     ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--report", action="store_true",
+                    help="print the pairs of the committed raw file (no server)")
     args = ap.parse_args()
+    if args.report:
+        report(RESULTS / "rayserve_calib_diag-raw.json")
+        return
     setattr(request_calibrate, "OpenLoop", _Kept)  # noqa: B010 - a test double
     app = RayServeApp(ensure_ray(), {"model": "minilm", "model_name": "minilm",
                                      "max_batch_size": 8, "batch_wait_timeout_s": 0.005,
