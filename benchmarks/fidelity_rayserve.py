@@ -19,9 +19,10 @@ Every run also keeps its raw timestamps: the client's sends and answers, the rep
 stamps per request (``/servelab/requests``: user code entered, body read back from the
 proxy, batch result back) and Ray's batches. From them (:mod:`benchmarks.rayserve_paths`)
 the main prediction takes Ray's batching rule as read in its source (``timer: arrival``)
-with the two departures from it that the stamps show, each measured on the *other*
-setting's runs: the timer's lateness and the replica's hand-over between batches. Beside it:
-last round's models, the proxy as a FIFO stage, and diagnostics (see :func:`repredict`).
+with the departures from it that the stamps show, each measured on the *other* setting's
+runs: the window's lateness and the front end's work that lengthens a running batch.
+Beside it: earlier models, the proxy as a FIFO stage, and diagnostics
+(:mod:`benchmarks.rayserve_predict`, which ``--repredict`` runs again).
 
     python benchmarks/fidelity_rayserve.py [--settings 8/5,16/10] [--rhos 0.3,0.6,0.8,0.9]
         [--runs 3] [--duration-s 10] [--tag TAG]
