@@ -19,9 +19,10 @@ Every run also keeps its raw timestamps: the client's sends and answers, the rep
 stamps per request (``/servelab/requests``: user code entered, body read back from the
 proxy, batch result back) and Ray's batches. From them (:mod:`benchmarks.rayserve_paths`)
 the main prediction takes Ray's batching rule as read in its source (``timer: arrival``)
-with the two departures from it that the stamps show, each measured on the *other*
-setting's runs: the timer's lateness and the replica's hand-over between batches. Beside it:
-last round's models, the proxy as a FIFO stage, and diagnostics (see :func:`repredict`).
+with the departures from it that the stamps show, each measured on the *other* setting's
+runs: the window's lateness and the front end's work that lengthens a running batch.
+Beside it: earlier models, the proxy as a FIFO stage, and diagnostics
+(:mod:`benchmarks.rayserve_predict`, which ``--repredict`` runs again).
 
     python benchmarks/fidelity_rayserve.py [--settings 8/5,16/10] [--rhos 0.3,0.6,0.8,0.9]
         [--runs 3] [--duration-s 10] [--tag TAG]
@@ -37,7 +38,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -48,10 +48,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import sim  # noqa: E402
-from benchmarks import rayserve_paths  # noqa: E402
+from benchmarks.rayserve_predict import repredict  # noqa: E402
 from benchmarks.rayserve_report import markdown  # noqa: E402
-from calibration.profile import LatencyProfile, load_profile  # noqa: E402
 from executor.endpoint.rayserve import RayServeApp, ensure_ray  # noqa: E402
 from executor.endpoint.request_bench import bench_requests  # noqa: E402
 from executor.endpoint.request_calibrate import (  # noqa: E402
@@ -134,144 +132,6 @@ def busy_by_size(batches: list[list[float]]) -> dict[int, float]:
     return {b: float(np.median(v)) for b, v in sorted(by.items())}
 
 
-VARIANTS = ("first_overhead", "arrival_overhead", "overhead_as_busy")
-
-
-def _errors(pred: float, row: dict[str, Any]) -> tuple[float, float, float]:
-    """(error against the runs' mean, min and max error over the runs). The runs' extreme
-    values are kept as ``live_min``/``live_max`` (older files: recovered from the error
-    range of the prediction they were first compared with).
-    """
-    lo, hi = row["live_min"], row["live_max"]
-    mean = row["live_mean"]
-    return (pred - mean) / mean, (pred - hi) / hi, (pred - lo) / lo
-
-
-def _service(st: dict[str, Any], overheads: dict[str, float]) -> dict[str, Any]:
-    service: dict[str, Any] = {"kind": "profile", "path": str(ROOT / st["profile"])}
-    if any(overheads.values()):
-        service["overheads"] = overheads
-    return service
-
-
-def _ray_log_model(st: dict[str, Any], rho: float, models: dict[str, Any]
-                   ) -> dict[str, Any]:
-    """A diagnostic, not a prediction: the main model with each batch's busy time drawn from
-    Ray's own batch log of the same load's runs (plus the measured hand-over), to show how
-    much of the error is the calibrated busy time.
-    """
-    if "arrival_late_handover" not in models:
-        return {}
-    durations: dict[int, list[float]] = {}
-    for run in st.get("raw", []):
-        if run["rho"] == rho:
-            for size, start, finish in run["batches"]:
-                durations.setdefault(int(size), []).append(finish - start)
-    hand_s = st["handover_ms"]["mean"] / 1e3
-    samples = {b: np.array(v) + hand_s for b, v in durations.items() if len(v) >= 5}
-    path = Path(tempfile.mkdtemp(prefix="raylog-")) / "profile.json"
-    LatencyProfile(samples, model={"name": "ray-batch-log"}, extrapolate=True).save(path)
-    overrides, timer = models["arrival_late_handover"]
-    service = {**overrides["service"], "path": str(path), "extrapolate": True}
-    return {"replay_ray_busy": ({**overrides, "service": service}, timer)}
-
-
-def repredict(out: dict[str, Any]) -> None:
-    """Recompute every prediction of a results file from its saved profiles and raw logs
-    (the simulator is deterministic; the measurements are kept as they are).
-
-    The main prediction is Ray's rule as read in its source: ``timer: arrival`` and the
-    proxy as a FIFO stage (``service.overheads.proxy_in_ms``/``proxy_out_ms`` and the pure
-    delay ``request_ms``), the stage fitted on the *other* setting's runs (the proxy does
-    not know the batcher's knobs); beside it the older models.
-    """
-    stages = {st["setting"]: rayserve_paths.stage_overheads(
-        [r for other in out["settings"] if other["setting"] != st["setting"]
-         for r in other.get("raw", [])] or st.get("raw", []))
-        for st in out["settings"] if any(o.get("raw") for o in out["settings"])}
-    for st in out["settings"]:
-        for r in st["rows"]:  # the runs' extremes, from the first comparison's error range
-            if "live_min" not in r:
-                pred = r["predicted"]
-                r["live_min"] = pred / (1 + r["error_max"])
-                r["live_max"] = pred / (1 + r["error_min"])
-        stage = stages.get(st["setting"])
-        if stage is not None:
-            others = [o["setting"] for o in out["settings"]
-                      if o["setting"] != st["setting"] and o.get("raw")]
-            stage["fitted_on"] = " and ".join(others) or f"{st['setting']} (its own)"
-            st["proxy_stage"] = stage
-            out["main_model"] = (
-                "`timer: arrival` (Ray's rule), `max_wait_ms` = the window + the median "
-                "lateness of Ray's timer, each batch's busy time + the mean hand-over "
-                "between batches, both measured on the other setting's runs, and the "
-                "calibrated request overhead as a pure delay")
-        if st.get("raw"):
-            st["rule_check"] = [rayserve_paths.rule_check_runs(
-                [r for r in st["raw"] if r["rho"] == rho], st["max_batch_size"],
-                st["window_ms"]) for rho in sorted({r["rho"] for r in st["raw"]})]
-        over = st["request_overhead"]["request_ms"]
-        busy_path = (ROOT / st["profile"]).with_name(Path(st["profile"]).stem
-                                                     + "-overhead-as-busy.json")
-        models = {
-            "first_overhead": ({"service": _service(st, {"request_ms": over})}, "first"),
-            "arrival_overhead": ({"service": _service(st, {"request_ms": over})}, "arrival"),
-            "overhead_as_busy": ({"service": {"kind": "profile", "path": str(busy_path)}},
-                                 "first")}
-        if stage is not None:
-            models["arrival_proxy"] = ({"service": _service(st, stage["overheads"])},
-                                       "arrival")
-            other_raw = [r for o in out["settings"] if o["setting"] != st["setting"]
-                         for r in o.get("raw", [])] or st["raw"]
-            other = next((o for o in out["settings"] if o["setting"] != st["setting"]), st)
-            late = rayserve_paths.timer_lateness_ms(other_raw, other["max_batch_size"],
-                                                    other["window_ms"])
-            st["timer_lateness_ms"] = late
-            window = st["window_ms"] + late["p50"]
-            models["arrival_late"] = ({"service": _service(st, {"request_ms": over}),
-                                       "policy.max_wait_ms": window}, "arrival")
-            hand = rayserve_paths.handover_ms(other_raw, other["window_ms"])
-            st["handover_ms"] = hand
-            hand_path = (ROOT / st["profile"]).with_name(Path(st["profile"]).stem
-                                                         + "-handover.json")
-            profile = load_profile(ROOT / st["profile"])
-            profile.rescaled({min(profile.samples_s): 1.0}, add_s=hand["mean"] / 1e3).save(
-                hand_path)
-            hand_service = {"kind": "profile", "path": str(hand_path),
-                            "overheads": {"request_ms": over}}
-            models["arrival_late_handover"] = ({"service": hand_service,
-                                                "policy.max_wait_ms": window}, "arrival")
-            # the same with the path outside the batcher as the timestamps measured it on the
-            # other setting (median send -> batcher + answer -> client) instead of calibrate's
-            models["measured_path"] = ({"service": {**hand_service, "overheads": {
-                "request_ms": stage["fit"]["outside_ms_p50"]}},
-                "policy.max_wait_ms": window}, "arrival")
-        # the main prediction: Ray's rule as read in its source, with the two measured
-        # departures from it (timer lateness, per-batch hand-over) taken from the *other*
-        # setting's runs; without raw logs, last round's model
-        models["main"] = models.get("arrival_late_handover", models["first_overhead"])
-        for rho in sorted({r["rho"] for r in st["rows"]}):
-            rows = [r for r in st["rows"] if r["rho"] == rho]
-            scenario = {"name": f"ray-{st['setting']}-rho{rho}", "seed": 11,
-                        "service": _service(st, {}),
-                        "workload": {"kind": "poisson", "rate_rps": rows[0]["rate_rps"],
-                                     "duration_s": out["duration_s"]},
-                        "policy": {"kind": "dynamic", "max_batch_size": st["max_batch_size"],
-                                   "max_wait_ms": st["window_ms"], "timer": "first"},
-                        "warmup_s": 1}
-            replay = _ray_log_model(st, rho, models)
-            for name, (overrides, timer) in {**models, **replay}.items():
-                summary = sim.run(scenario, {**overrides, "policy.timer": timer}).summary
-                pred = _row(summary, summary["mean_batch_size"])
-                for r in rows:
-                    err, lo, hi = _errors(pred[r["metric"]], r)
-                    if name == "main":
-                        r["predicted"], r["error"] = pred[r["metric"]], err
-                        r["error_min"], r["error_max"] = min(lo, hi), max(lo, hi)
-                    else:
-                        r[f"predicted_{name}"], r[f"error_{name}"] = pred[r["metric"]], err
-
-
 def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], runs: int,
                 duration_s: float, reps: int, stem: str = "fidelity_rayserve"
                 ) -> dict[str, Any]:
@@ -334,9 +194,9 @@ def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], r
             "calibration_bursts": endpoint["bursts"], "rows": rows, "raw": raw}
 
 
-def _save(out: dict[str, Any], stem: str) -> None:
-    """``STEM.json`` (indented), ``STEM.md`` and the raw logs in ``STEM-raw.json`` (one run
-    per line: they are long lists of timestamps).
+def _save(out: dict[str, Any], stem: str, table: bool = True) -> None:
+    """``STEM.json`` (indented), ``STEM.md`` (with ``table``) and the raw logs in
+    ``STEM-raw.json`` (one run per line: they are long lists of timestamps).
     """
     RESULTS.mkdir(parents=True, exist_ok=True)
     raw = {st["setting"]: st.get("raw", []) for st in out["settings"]}
@@ -347,7 +207,8 @@ def _save(out: dict[str, Any], stem: str) -> None:
         lines = [json.dumps({"setting": name, **run}, separators=(",", ":"))
                  for name, runs in raw.items() for run in runs]
         (RESULTS / f"{stem}-raw.json").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{stem}.md").write_text("\n".join(markdown(out)) + "\n")
+    if table:
+        (RESULTS / f"{stem}.md").write_text("\n".join(markdown(out)) + "\n")
 
 
 def _load(stem: str) -> dict[str, Any]:
@@ -401,6 +262,7 @@ def main() -> None:
     out = {"load_average_at_end": os.getloadavg(), "settings": results,
            "client_overhead": overhead, "runs": args.runs, "duration_s": args.duration_s,
            "command": "fgrun python benchmarks/fidelity_rayserve.py " + " ".join(sys.argv[1:])}
+    _save(out, stem, table=False)  # the measurements first: --repredict can redo the rest
     repredict(out)
     _save(out, stem)
     print("\n".join(markdown(out)))

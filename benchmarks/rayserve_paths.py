@@ -120,6 +120,32 @@ def timer_lateness_ms(runs: list[dict[str, Any]], max_batch: int, window_ms: flo
     return {"n": len(late), "p10": float(q[0]), "p50": float(q[1]), "p90": float(q[2])}
 
 
+def batching_lateness_ms(runs: list[dict[str, Any]], max_batch: int, window_ms: float
+                         ) -> dict[str, float]:
+    """The lateness (ms, on a 0.25 ms grid up to 5 ms) that, added to the window, makes
+    servelab's ``timer: arrival`` fed the batcher's own arrival stamps form the most of
+    Ray's batches size for size, in order. Ray's timer is late by more than on an idle
+    replica (:func:`timer_lateness_ms`) while the model thread holds the interpreter, and a
+    request joins the batcher's queue a little after its body was read: this is the one
+    window that takes both in.
+    """
+    best: dict[str, float] = {}
+    for late in np.arange(0.0, 5.001, 0.25):
+        same = ray_n = 0
+        ray_items = rule_items = 0
+        for run in runs:
+            ray = [int(b[0]) for b in run["batches"]]
+            rule = batches_by_rule(_parsed(run), max_batch, window_ms + float(late))
+            same += sum(a == b for a, b in zip(ray, rule, strict=False))
+            ray_n, ray_items = ray_n + len(ray), ray_items + sum(ray)
+            rule_items += len(rule)
+        if not best or same > best["same_size_in_order"]:
+            best = {"late_ms": float(late), "same_size_in_order": float(same),
+                    "ray_batches": float(ray_n),
+                    "rule_batches": float(rule_items)}
+    return best
+
+
 def handover_ms(runs: list[dict[str, Any]], window_ms: float) -> dict[str, float]:
     """The replica's time between batches when the next one was already waiting (its first
     request reached the batcher more than a window plus 2 ms before the previous batch
@@ -140,6 +166,48 @@ def handover_ms(runs: list[dict[str, Any]], window_ms: float) -> dict[str, float
     q = np.percentile(gaps, [10, 50, 90]) if gaps else [np.nan] * 3
     return {"n": len(gaps), "p10": float(q[0]), "p50": float(q[1]), "p90": float(q[2]),
             "mean": float(np.mean(gaps)) if gaps else float("nan")}
+
+
+def contention_ms(runs: list[dict[str, Any]], early_ms: float = 14.0) -> dict[str, float]:
+    """How much the replica's front end lengthens a running batch (ms): per request sent
+    while it runs, and per answer of the batch before it when it followed that one at once
+    (within 4 ms, the hand-over's 90th percentile). Fitted on batches of one request that
+    ran at least ``early_ms``: their time past ``early_ms`` against the sends in their first
+    ``early_ms`` and the previous batch's answers, by least squares. Counting the sends over
+    a fixed early stretch keeps the fit from reading "longer batches see more sends" as the
+    sends' cost (over the whole batch the count grows with the batch's own length).
+    """
+    rows, target = [], []
+    for run in runs:
+        sent = np.sort([c[2] for c in run["client"] if c[2] is not None])
+        prev: list[float] | None = None
+        for size, start, finish in run["batches"]:
+            if int(size) == 1 and (finish - start) * 1e3 >= early_ms:
+                early = int(np.searchsorted(sent, start + early_ms / 1e3)
+                            - np.searchsorted(sent, start))
+                answers = prev[0] if prev is not None and start - prev[2] < 0.004 else 0.0
+                rows.append([1.0, early, answers])
+                target.append((finish - start) * 1e3 - early_ms)
+            prev = [float(size), start, finish]
+    a, y = np.array(rows), np.array(target)
+    coef = np.linalg.lstsq(a, y, rcond=None)[0]
+    resid = y - a @ coef
+    se = np.sqrt(np.diag(resid @ resid / (len(y) - 3) * np.linalg.inv(a.T @ a)))
+    return {"n": len(y), "arrival_busy_ms": float(coef[1]), "arrival_se_ms": float(se[1]),
+            "answer_busy_ms": float(coef[2]), "answer_se_ms": float(se[2])}
+
+
+def stage_overheads(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``service.overheads`` for these runs: the fitted inbound and outbound FIFO costs and
+    the pure delay beside them (the two residual medians), with the fit itself.
+    """
+    split = path_split(runs)
+    inbound, outbound = split["inbound"], split["outbound"]
+    return {"overheads": {"proxy_in_ms": inbound["cost_ms"],
+                          "proxy_out_ms": outbound["cost_ms"],
+                          "request_ms": round(max(0.0, inbound["delay_ms"])
+                                              + max(0.0, outbound["delay_ms"]), 3)},
+            "fit": split}
 
 
 def fit_stage(start_s: np.ndarray, end_s: np.ndarray) -> dict[str, float]:

@@ -9,9 +9,13 @@ TARGETS = {"latency_p50_ms": 0.05, "latency_p99_ms": 0.10, "throughput_rps": 0.0
 OTHER = (("first_overhead", "timer first + request overhead"),
          ("arrival_overhead", "timer arrival + request overhead"),
          ("arrival_late", "timer arrival, late timer + request overhead"),
-         ("arrival_late_handover", "... + hand-over per batch"),
-         ("measured_path", "main, measured path instead of calibrated overhead"),
-         ("replay_ray_busy", "main, Ray's logged busy times (replay)"),
+         ("arrival_late_handover", "... + hand-over per batch (last stop's main)"),
+         ("measured_path", "last stop's main, measured path instead of calibrated overhead"),
+         ("replay_ray_busy", "last stop's main, Ray's logged busy times (replay)"),
+         ("replay_contention", "Ray's logged busy times less the front end's share + "
+                               "contention (replay)"),
+         ("contention", "contention, window + idle timer lateness"),
+         ("contention_batching", "contention, window + batching lateness (main)"),
          ("arrival_proxy", "timer arrival + proxy FIFO stage"),
          ("overhead_as_busy", "overhead as busy time"))
 
@@ -45,6 +49,19 @@ def _setting_head(st: dict[str, Any]) -> list[str]:
                   f"and between two batches when the next was already waiting the replica "
                   f"spends {hand['mean']:.2f} ms (mean; median {hand['p50']:.2f}, p90 "
                   f"{hand['p90']:.2f}; {hand['n']} hand-overs) outside its batch log.", ""]
+    cont, used = st.get("contention_ms"), st.get("contention_overheads")
+    bl = st.get("batching_lateness_ms")
+    if cont is not None and used is not None and bl is not None:
+        lines += [f"Measured on the other setting's runs ({cont['n']} batches of one): each "
+                  f"request sent while a batch runs lengthens it by "
+                  f"{cont['arrival_busy_ms']:.2f} ms (se {cont['arrival_se_ms']:.2f}), each "
+                  f"answer of the batch before (when it followed at once) by "
+                  f"{cont['answer_busy_ms']:.2f} ms (se {cont['answer_se_ms']:.2f}); the rule "
+                  f"forms the most of Ray's batches ({bl['same_size_in_order']:.0f} of "
+                  f"{bl['ray_batches']:.0f} size for size, in order) with the window + "
+                  f"{bl['late_ms']:.2f} ms. The main prediction's path outside the replica: "
+                  f"{used['request_ms']:.2f} ms (the calibrated outside time less that "
+                  "lateness and the contention it holds).", ""]
     if st.get("rule_check"):
         lines += ["Ray's batches against servelab's `timer: arrival` fed the times requests "
                   "reached the batcher (the replica's own stamps):", "",
@@ -81,9 +98,10 @@ def markdown(out: dict[str, Any]) -> list[str]:
     main = out.get("main_model", "timer first + request overhead")
     for st in out["settings"]:
         lines += [*_setting_head(st), "",
-                  "| rho | rate req/s | metric | measured | spread | predicted | error | "
-                  "per-run errors | target | " + " | ".join(f"error, {t}" for _, t in OTHER)
-                  + " |", "|---" * (9 + len(OTHER)) + "|"]
+                  "| rho | rate req/s | metric | measured | spread | predicted | "
+                  "predicted runs' sd | error | per-run errors | target | "
+                  + " | ".join(f"error, {t}" for _, t in OTHER)
+                  + " |", "|---" * (10 + len(OTHER)) + "|"]
         for r in st["rows"]:
             target = TARGETS.get(r["metric"])
             verdict = "" if target is None or r["rho"] > 0.8 else (
@@ -91,10 +109,13 @@ def markdown(out: dict[str, Any]) -> list[str]:
             others = " | ".join(f"{r.get(f'error_{k}', float('nan')):+.1%}" for k, _ in OTHER)
             lines.append(f"| {r['rho']} | {r['rate_rps']} | {r['metric']} | "
                          f"{r['live_mean']:.2f} | {r['live_spread']:.0%} | {r['predicted']:.2f} "
-                         f"| {r['error']:+.1%} | {r['error_min']:+.0%}..{r['error_max']:+.0%} "
+                         f"| {r.get('pred_spread', float('nan')):.0%} | {r['error']:+.1%} "
+                         f"| {r['error_min']:+.0%}..{r['error_max']:+.0%} "
                          f"| {verdict} | {others} |")
         lines.append("")
-    lines += [f"Columns: *predicted* is servelab's main prediction ({main}); the *error, ...* "
+    lines += [f"Columns: *predicted* is servelab's main prediction ({main}), the mean over "
+              f"{out.get('pred_seeds', 1)} simulated runs as long as a measured one, and "
+              "*predicted runs' sd* the sd of those runs (relative); the *error, ...* "
               "columns are the other models on the same profile: `timer: first` with the "
               "calibrated request overhead as a pure delay (last round's main prediction), "
               "`timer: arrival` with it, and the overhead added to every batch's busy time. "

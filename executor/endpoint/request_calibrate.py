@@ -51,24 +51,17 @@ SPLIT_FLAG = 0.5  # a burst's latency spread above this share of its median: pro
 
 
 def _bursts(url: str, api: str, payload: PayloadCfg, plan: Sequence[tuple[float, int]],
-            seed: int, timeout_s: float, stopper: Stopper) -> list[list[Outcome]]:
+            seed: int, timeout_s: float, stopper: Stopper,
+            contents: Sequence[int] | None = None) -> list[list[Outcome]]:
     """Send each ``(time_s, n)`` of ``plan`` as n simultaneous requests; the outcomes of each
-    burst, in plan order.
+    burst, in plan order. ``contents``: a key per burst; bursts with the same key send the
+    same inputs (each its own request ids), so their batches do the same work.
 
     Raises:
         ProbingStopped: a stop signal came; its ``outcomes`` hold the bursts completed
             before it (a list per burst, in plan order).
     """
-    corpus = load_corpus()
-    rng = np.random.default_rng([seed, 31])
-    jobs: list[Job] = []
-    owner: list[int] = []
-    for k, (t, n) in enumerate(plan):
-        for _ in range(n):
-            jobs.append(Job(len(jobs), t, "", 1, 0))
-            owner.append(k)
-    bodies = [kserve_body(payload, j, rng, corpus) if api == "kserve-v2" else
-              json_body(payload, j, rng, corpus) for j in jobs]
+    jobs, owner, bodies = burst_bodies(api, payload, plan, seed, contents)
     make_body, sender = request_sender(dict(enumerate(bodies)), api == "kserve-v2")
     end = (plan[-1][0] if plan else 0.0) + timeout_s
     client = OpenLoop(url, api, payload.model or "", jobs, deadline_s=end,
@@ -88,6 +81,29 @@ def _bursts(url: str, api: str, payload: PayloadCfg, plan: Sequence[tuple[float,
             raise EndpointError(f"burst of {plan[k][1]}: {len(bad)} requests failed "
                                 f"({bad[0].cause}: {bad[0].error})")
     return grouped
+
+
+def burst_bodies(api: str, payload: PayloadCfg, plan: Sequence[tuple[float, int]], seed: int,
+                 contents: Sequence[int] | None = None
+                 ) -> tuple[list[Job], list[int], list[dict[str, Any]]]:
+    """The jobs of a burst plan, the burst of each, and their request bodies (see
+    :func:`_bursts` for ``contents``).
+    """
+    corpus = load_corpus()
+    jobs: list[Job] = []
+    owner: list[int] = []
+    for k, (t, n) in enumerate(plan):
+        for _ in range(n):
+            jobs.append(Job(len(jobs), t, "", 1, 0))
+            owner.append(k)
+    body = kserve_body if api == "kserve-v2" else json_body
+    if contents is None:
+        rng = np.random.default_rng([seed, 31])
+        return jobs, owner, [body(payload, j, rng, corpus) for j in jobs]
+    # one generator per key: the bursts that share it draw the same inputs
+    keyed = [np.random.default_rng([seed, 31, int(key)]) for key in contents]
+    return jobs, owner, [body(payload, j, keyed[k], corpus)
+                         for j, k in zip(jobs, owner, strict=True)]
 
 
 def _group(outs: list[Outcome], owner: list[int], bursts: int) -> list[list[Outcome]]:
@@ -281,7 +297,8 @@ def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[in
                      server_max: int, window_s: float, pairs: int, seed: int,
                      timeout_s: float, stopper: Stopper) -> dict[str, Any]:
     """The replica's busy time per burst size and the per-request time outside it, from
-    ``pairs`` pairs of bursts of each size that can queue (:func:`pairs_queue`): the second
+    ``pairs`` pairs of bursts of each size that can queue (:func:`pairs_queue`), the two
+    bursts of a pair with the same inputs (so their batches do the same work): the second
     burst of a pair is sent a quarter of a burst's latency after the first batch was
     dispatched (after the window, for a burst below the server's largest batch), reaches
     the replica while the first batch runs, and waits for it (Ray Serve's batcher closes
@@ -327,7 +344,10 @@ def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[in
         for _ in range(pairs):
             plan += [(t, size), (t + offset_s, size)]
             t += 3.0 * (wait_s + median_s) + 0.05
-    groups = _bursts(url, api, payload, plan, seed, timeout_s, stopper)
+    # the two bursts of a pair send the same inputs: their batches do the same work, so the
+    # gap between their finishes is the first's busy time, not that plus a text's luck
+    groups = _bursts(url, api, payload, plan, seed, timeout_s, stopper,
+                     contents=[k // 2 for k in range(len(plan))])
     by_size: dict[int, dict[str, list[float]]] = {}
     for k in range(0, len(plan), 2):
         size = plan[k][1]

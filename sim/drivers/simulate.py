@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.drivers.contention import ContendedService
 from sim.drivers.engine import SimPyDriver
 from sim.drivers.proxy_stage import fifo_departures, outbound_departures
 from sim.metrics.rundir import Result, fleet_tables, run_meta
@@ -66,6 +67,17 @@ def proxy_costs_s(scenario: Scenario) -> tuple[float, float]:
     if cfg is None:
         return 0.0, 0.0
     return getattr(cfg, "proxy_in_ms", 0.0) / 1e3, getattr(cfg, "proxy_out_ms", 0.0) / 1e3
+
+
+def contention_costs_s(scenario: Scenario) -> tuple[float, float]:
+    """What the front end's work adds to a running batch (``service.overheads``), in s:
+    per request arriving during it, per answer of the batch before it.
+    """
+    cfg = getattr(scenario.service, "overheads", None)
+    if cfg is None:
+        return 0.0, 0.0
+    return (getattr(cfg, "arrival_busy_ms", 0.0) / 1e3,
+            getattr(cfg, "answer_busy_ms", 0.0) / 1e3)
 
 
 def run(scenario: Scenario | dict[str, Any] | str | Path,
@@ -132,6 +144,10 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         sink = SummarySink(core, scn.warmup_s, horizon_s, slo_s(scn), has_deadlines(scn),
                            binned=kept == "sketch")
     cold = build_cold_start(scn, streams.cold_start) if core.fleet is not None else None
+    arrival_busy_s, answer_busy_s = contention_costs_s(scn)
+    if arrival_busy_s or answer_busy_s:  # the front end's work lengthens the running batch
+        model = ContendedService(model, view(core.table.arrival_s, core.table.n),
+                                 arrival_busy_s, answer_busy_s)
     end_s = SimPyDriver(core, model, cold).run(until_s)
     counts = core.check_invariants()
     sim_wall_s = time.perf_counter() - t0

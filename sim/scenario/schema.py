@@ -74,11 +74,16 @@ class RequestOverheadsCfg(OverheadsCfg):
     of the replicas as a single-server FIFO stage (Ray Serve's proxy: one asyncio loop for
     every request): each request holds it ``proxy_in_ms`` before the replica's queue sees it
     and ``proxy_out_ms`` after its batch ends, so requests that reach it together queue
-    there (``sim/drivers/proxy_stage.py``).
+    there (``sim/drivers/proxy_stage.py``); and the server's front end taking time from its
+    running batch (``sim/drivers/contention.py``): each request that arrives while a batch
+    runs lengthens it by ``arrival_busy_ms``, and each answer of a batch lengthens the next
+    by ``answer_busy_ms`` when that one starts at once (one replica only).
     """
 
     proxy_in_ms: float = Field(0.0, ge=0)
     proxy_out_ms: float = Field(0.0, ge=0)
+    arrival_busy_ms: float = Field(0.0, ge=0)
+    answer_busy_ms: float = Field(0.0, ge=0)
 
 
 class ProfileServiceCfg(_Strict):
@@ -461,6 +466,12 @@ class Scenario(_Strict):
             raise ValueError("service.overheads: not available for workload.kind 'closed' "
                              "(a client's next send waits for the answer, so the overhead "
                              "would change the load); use an open-loop workload")
+        over = getattr(self.service, "overheads", None)
+        if over is not None and (over.arrival_busy_ms or over.answer_busy_ms) and (
+                self.fleet_size != 1 or self.autoscaling is not None):
+            raise ValueError("service.overheads.arrival_busy_ms/answer_busy_ms: one replica "
+                             "only (replicas: 1, no autoscaling): which replica a front "
+                             "end's work slows is not modelled")
         duration_s = getattr(self.workload, "duration_s", None)
         if duration_s is not None and self.warmup_s >= duration_s:
             raise ValueError(f"warmup_s: {self.warmup_s:g} s leaves nothing to measure of "

@@ -17,8 +17,13 @@ import yaml
 
 import sim
 from executor.endpoint.compare_requests import compare_request_endpoint
-from executor.endpoint.request_calibrate import calibrate_endpoint, profile_service
+from executor.endpoint.request_calibrate import (
+    burst_bodies,
+    calibrate_endpoint,
+    profile_service,
+)
 from executor.endpoint.server_info import EndpointError
+from sim.scenario.payload import PayloadCfg
 from tests.executor.endpoint.conftest import REPO, env
 
 BASE_MS, PER_ITEM_MS, OUTSIDE_MS = 20.0, 5.0, 30.0
@@ -189,3 +194,23 @@ def test_compare_endpoint_refuses_bad_input_in_one_line(stub_url: str, tmp_path:
         compare_request_endpoint(scenario, stub_url, tmp_path, api="grpc")
     with pytest.raises(EndpointError, match="--profile"):
         compare_request_endpoint(scenario, stub_url, tmp_path, api="kserve-v2")
+
+
+def test_the_two_bursts_of_a_pair_send_the_same_inputs() -> None:
+    """Paired bursts (the same key) carry the same inputs, each its own request ids; other
+    bursts draw their own, and without keys the plan keeps one draw sequence.
+    """
+    payload = PayloadCfg(model="m", inputs=[{"name": "input", "datatype": "BYTES",
+                                             "shape": [-1]}])
+    plan = [(0.0, 2), (0.01, 2), (0.5, 2), (0.51, 2)]
+    jobs, owner, bodies = burst_bodies("kserve-v2", payload, plan, 3, [0, 0, 1, 1])
+    assert owner == [0, 0, 1, 1, 2, 2, 3, 3]
+    data = [b["inputs"][0]["data"] for b in bodies]
+    assert data[0:2] == data[2:4] and data[4:6] == data[6:8]
+    assert data[0:2] != data[4:6]
+    assert [b["id"] for b in bodies] == [str(j.index) for j in jobs] == [str(i) for i in
+                                                                           range(8)]
+    _, _, unkeyed = burst_bodies("kserve-v2", payload, plan, 3)
+    assert [b["inputs"][0]["data"] for b in unkeyed][0:2] != \
+        [b["inputs"][0]["data"] for b in unkeyed][2:4]
+
