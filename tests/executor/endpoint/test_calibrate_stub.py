@@ -25,7 +25,7 @@ from scipy import stats
 from calibration.step_profile import StepProfile, load_step_profile
 from executor.endpoint import probes
 from executor.endpoint.calibrate import calibrate_endpoint
-from executor.endpoint.calibrate_plan import OUTPUT_TOKENS, decode_order
+from executor.endpoint.calibrate_plan import OUTPUT_TOKENS, PREFILL_TOKENS, decode_order
 from executor.endpoint.compare_endpoint import compare_endpoint
 from tests.executor.endpoint.conftest import REPO, env, signal_mid_run, write_scenario
 
@@ -39,7 +39,7 @@ CLIENT_MS = 20.0  # the most the client + HTTP path may add to a TTFT on a busy 
 FALSE_ALARM = 0.01
 
 
-PATH_PROMPTS = (16, 64, 256, 1024)  # the calibration's prefill lengths (plan_grid's)
+PATH_PROMPTS = PREFILL_TOKENS  # the calibration's prefill lengths (plan_grid's, no budget)
 
 
 def client_path_ms(stub_url: str, seed: int) -> dict[int, np.ndarray]:
