@@ -468,10 +468,12 @@ class Scenario(_Strict):
                              "would change the load); use an open-loop workload")
         over = getattr(self.service, "overheads", None)
         if over is not None and (over.arrival_busy_ms or over.answer_busy_ms) and (
-                self.fleet_size != 1 or self.autoscaling is not None):
+                self.fleet_size != 1 or self.autoscaling is not None
+                or getattr(self.policy, "max_concurrent_batches", 1) != 1):
             raise ValueError("service.overheads.arrival_busy_ms/answer_busy_ms: one replica "
-                             "only (replicas: 1, no autoscaling): which replica a front "
-                             "end's work slows is not modelled")
+                             "running one batch at a time only (replicas: 1, no "
+                             "autoscaling, policy.max_concurrent_batches: 1): which replica "
+                             "or batch a front end's work slows is not modelled")
         duration_s = getattr(self.workload, "duration_s", None)
         if duration_s is not None and self.warmup_s >= duration_s:
             raise ValueError(f"warmup_s: {self.warmup_s:g} s leaves nothing to measure of "

@@ -88,10 +88,13 @@ def test_every_batch_of_a_poisson_run_follows_the_rule(flat: str) -> None:
     assert res.summary["latency_ms"]["p99"] > plain["latency_ms"]["p99"]
 
 
-def test_one_replica_only(flat: str) -> None:
+def test_one_replica_running_one_batch_only(flat: str) -> None:
     scn = _scn(flat, {"arrival_busy_ms": 1.0})
     with pytest.raises(ScenarioError, match="arrival_busy_ms/answer_busy_ms: one replica"):
         load_scenario({**scn, "replicas": 2})
+    with pytest.raises(ScenarioError, match=r"policy\.max_concurrent_batches: 1"):
+        load_scenario({**scn, "policy": {"kind": "greedy", "max_batch_size": 4,
+                                         "max_concurrent_batches": 2}})
     with pytest.raises(ScenarioError, match="arrival_busy_ms"):
         load_scenario(_scn(flat, {"arrival_busy_ms": -1.0}))
     load_scenario({**_scn(flat, {"request_ms": 1.0}), "replicas": 2})  # the others may
