@@ -65,10 +65,16 @@ def decode_order(grid: dict[str, list[int]], seed: int) -> list[tuple[int, int]]
     beside it, a CPU clocking down) would put the drift into the context term, where the
     fit's residuals cannot show it; shuffled, the drift is scatter about the fit, which its
     residuals and standard errors do show.
+
+    The one-sequence cell at the shortest context comes first: beside it the server's own
+    ITL is read, which sets the per-output-token overhead, so a probe stopped early still
+    has it.
     """
     cells = [(p, d) for p in grid["decode_prompts"] for d in grid["decode_seqs"]]
     order = np.random.default_rng([seed, DECODE_ORDER_STREAM]).permutation(len(cells))
-    return [cells[int(i)] for i in order]
+    shuffled = [cells[int(i)] for i in order]
+    first = (grid["decode_prompts"][0], 1)
+    return [first] + [c for c in shuffled if c != first] if first in shuffled else shuffled
 
 
 def _runs(seqs: int, reps: int, small_reps: int = SMALL_BATCH_REPS) -> int:
@@ -92,9 +98,10 @@ def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: floa
     ``cells``.
     """
     per_token_s = ttft_s / grid["prefill_tokens"][-1]
-    # each prompt at the long one's speed per token (attention makes shorter ones faster:
-    # an upper bound), at least one decode step; not every size at the longest one's TTFT,
-    # which counted the 512-token point as a whole 1,024-token prefill more
+    # each prompt at the long one's speed per token, at least one decode step: an estimate,
+    # not a bound (attention makes shorter prompts cheaper per token, their fixed request
+    # cost dearer); not every size at the longest one's TTFT, which counted the 512-token
+    # point as a whole 1,024-token prefill more
     prefill = reps * sum(max(p * per_token_s, itl_s) for p in grid["prefill_tokens"])
     decode = sum(_runs(d, reps, small_reps) * ((1.25 if d > 1 else 1.0) * OUTPUT_TOKENS * itl_s
                                    * (1 + d / 4)

@@ -235,6 +235,9 @@ def test_the_decode_cells_are_probed_in_an_order_the_seed_shuffles() -> None:
     cells = [(p, d) for p in grid["decode_prompts"] for d in grid["decode_seqs"]]
     # every cell once
     assert sorted(order) == sorted(cells) and len(order) == len(cells) == 18
+    # the cell beside which the server's own ITL is read first (a stopped probe keeps it)
+    assert order[0] == (grid["decode_prompts"][0], 1)
+    assert order[1:] != [c for c in cells if c != order[0]]  # the rest shuffled
     # the same seed, the same order; another seed, another
     assert decode_order(plan_grid(2048, None, None), 0) == order
     assert decode_order(grid, 1) != order
