@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -208,8 +209,9 @@ def main() -> None:
     parser.add_argument("--request-delay-ms", type=float, default=0.0,
                         help="each request reaches the engine this long after it is read")
     args = parser.parse_args()
-    if args.request_delay_ms < 0:
-        parser.error(f"--request-delay-ms {args.request_delay_ms}: must be >= 0")
+    if not math.isfinite(args.request_delay_ms) or args.request_delay_ms < 0:
+        parser.error(f"--request-delay-ms {args.request_delay_ms}: must be a finite "
+                     f"number >= 0 (ms)")
     device = load_device(args.device)
     step_model = RooflineStepModel(load_shape(args.model), device, args.tp,
                                    load_coefficients(args.coefficients, device.kind))

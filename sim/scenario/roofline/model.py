@@ -192,7 +192,8 @@ def load_coefficients(ref: str, device_kind: str = "gpu") -> Coefficients:
     values: dict[str, float] = {}
     for term in TERMS:
         value = raw.get(term, DEFAULT_BETA.get(term, 0.0))
-        if not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+                or not math.isfinite(value):
             raise HardwareError(f"service.coefficients: {ref!r}: {term} must be a number "
                                 f">= 0, got {value!r}")
         values[term] = float(value)
@@ -221,7 +222,8 @@ def _overheads(ref: str, raw: Any) -> dict[str, float]:
                             f"{sorted(unknown)[0]!r}; allowed: {', '.join(OVERHEAD_KEYS)}")
     out = {}
     for key, value in raw.items():
-        if not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+                or not math.isfinite(value):
             raise HardwareError(f"service.coefficients: {ref!r}: request_overheads.{key} "
                                 f"must be a number >= 0 (ms), got {value!r}")
         out[key] = float(value)
