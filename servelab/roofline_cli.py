@@ -78,6 +78,9 @@ def fit_cmd(
             coeffs = replace(coeffs, overheads=dict(kept.overheads), meta={
                 **coeffs.meta, "request_overheads_from": kept.name})
             _print_profile_fit(coeffs, sum(len(d.rows) for d in data), console)
+            if kept.overheads and not bench:
+                console.print(f"request overheads kept from {kept.name} (a step profile "
+                              "does not see them; --coefficients or --bench sets them)")
         if bench:
             coeffs = _fit_bench(bench, model, device, tp, coeffs, coefficients,
                                 0.34 if holdout is None else holdout, seed, max_evals,

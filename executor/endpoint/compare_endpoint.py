@@ -146,7 +146,7 @@ def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoi
     url = base + APIS["openai-completions"]
     preflight(url, "openai-completions", model)
     out = Path(out_dir)
-    request_s, per_token_s, _ = overheads_s(scn)
+    request_s, per_token_s, post_decode_s = overheads_s(scn)
     drain_s = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
     stored = sim.llm.run(scn, drain_timeout_s=drain_s)
     stored.write(out / "sim")
@@ -185,7 +185,8 @@ def compare_endpoint(scenario: LlmScenario | dict[str, Any] | str | Path, endpoi
             "profile": scn.service.path if isinstance(scn.service, LlmProfileServiceCfg)
             else None, "service": scn.service.kind,
             "overheads_ms": {"request_ms": request_s * 1e3,
-                             "per_output_token_ms": per_token_s * 1e3},
+                             "per_output_token_ms": per_token_s * 1e3,
+                             "post_decode_ms": post_decode_s * 1e3},
             "offered_rps": stored.summary["stability"]["offered_rps"],
             "probed": bool(sims),
             "probes": [{k: p[k] for k in ("prefill_scale", "decode_scale", "drift")}

@@ -94,8 +94,9 @@ def build_roofline(cfg: LlmRooflineServiceCfg) -> RooflineStepModel:
 
 
 def roofline_overheads(cfg: LlmRooflineServiceCfg) -> LlmOverheadsCfg | None:
-    """The service's per-request overheads: its own ``overheads``, else its coefficient
-    set's ``request_overheads`` (None when the set has none).
+    """The service's per-request overheads: its own ``overheads`` (as a whole: a key it
+    leaves out is 0), else its coefficient set's ``request_overheads`` (None when the set
+    has none).
 
     Raises:
         HardwareError: a bad device or coefficient set (named).
