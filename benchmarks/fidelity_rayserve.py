@@ -223,6 +223,18 @@ def _load(stem: str) -> dict[str, Any]:
     return out
 
 
+
+def start_minilm() -> RayServeApp:
+    """MiniLM behind ``@serve.batch`` (max 8 / 5 ms until ``/servelab/config`` changes it),
+    started and announced.
+    """
+    app = RayServeApp(ensure_ray(), {"model": "minilm", "model_name": "minilm",
+                                     "max_batch_size": 8, "batch_wait_timeout_s": 0.005,
+                                     "max_ongoing_requests": 64})
+    app.start()
+    print(f"Ray Serve up in {app.started_s:.0f} s", flush=True)
+    return app
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--settings", default="8/5,16/10",
@@ -247,11 +259,7 @@ def main() -> None:
     rhos = [float(x) for x in args.rhos.split(",")]
     settings = [(int(a), float(b)) for a, b in (x.split("/") for x in args.settings.split(","))]
     overhead = client_overhead(3.0)
-    app = RayServeApp(ensure_ray(), {"model": "minilm", "model_name": "minilm",
-                                     "max_batch_size": 8, "batch_wait_timeout_s": 0.005,
-                                     "max_ongoing_requests": 64})
-    app.start()
-    print(f"Ray Serve up in {app.started_s:.0f} s", flush=True)
+    app = start_minilm()
     results = []
     try:
         for max_batch, window_ms in settings:

@@ -188,13 +188,23 @@ def table(frame: pd.DataFrame) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in frame.itertuples():
         bias = "sim high" if r.rel_error > 0 else "sim low"
+        stored = _known(r.rel_error_stored)  # None without a stored-profile prediction
         lines.append(f"| {r.max_num_batched_tokens} | {r.rho:g} | {r.metric} | {r.sim:.3g} | "
                      f"{r.vllm_median:.3g} ({r.vllm_min:.3g}–{r.vllm_max:.3g}) | "
                      f"{100 * r.rel_error:+.1f}% | {bias} | {100 * r.spread:.1f}% | "
-                     f"{100 * (r.rel_error_stored or 0):+.1f}% | {100 * r.drift:.0f}% | "
+                     f"{_pct(stored)} | {100 * r.drift:.0f}% | "
                      f"{'yes' if _met(r, r.rel_error) else 'no'} | "
-                     f"{'yes' if _met(r, r.rel_error_stored or 0) else 'no'} |")
+                     f"{'n/a' if stored is None else 'yes' if _met(r, stored) else 'no'} |")
     return lines
+
+
+def _known(error: float | None) -> float | None:
+    """``error``, or None where there is none (missing or NaN)."""
+    return None if error is None or error != error else float(error)
+
+
+def _pct(error: float | None) -> str:
+    return "n/a" if error is None else f"{100 * error:+.1f}%"
 
 
 def _met(row: Any, error: float) -> bool:
@@ -209,8 +219,10 @@ def met_counts(frame: pd.DataFrame) -> str:
         counts = []
         for low in (True, False):
             sub = frame[(frame.rho <= 0.8) == low]
-            met = sum(_met(r, getattr(r, col) or 0) for r in sub.itertuples())
-            counts.append(f"{met} of {len(sub)} at ρ {'<= 0.8' if low else '0.9'}")
+            errors = [(r, _known(getattr(r, col))) for r in sub.itertuples()]
+            known = [(r, e) for r, e in errors if e is not None]
+            met = sum(_met(r, e) for r, e in known)
+            counts.append(f"{met} of {len(known)} at ρ {'<= 0.8' if low else '0.9'}")
         parts.append(f"{label}: " + ", ".join(counts))
     return "Targets met: " + "; ".join(parts) + "."
 

@@ -24,11 +24,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fidelity_rayserve import _call  # noqa: E402
+from benchmarks.fidelity_rayserve import _call, start_minilm  # noqa: E402
 from executor.endpoint import request_calibrate  # noqa: E402
 from executor.endpoint.client import OpenLoop  # noqa: E402
 from executor.endpoint.probes import Stopper  # noqa: E402
-from executor.endpoint.rayserve import RayServeApp, ensure_ray  # noqa: E402
 from sim.scenario.payload import PayloadCfg  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -128,11 +127,7 @@ def main() -> None:
         report(RESULTS / "rayserve_calib_diag-raw.json")
         return
     setattr(request_calibrate, "OpenLoop", _Kept)  # noqa: B010 - a test double
-    app = RayServeApp(ensure_ray(), {"model": "minilm", "model_name": "minilm",
-                                     "max_batch_size": 8, "batch_wait_timeout_s": 0.005,
-                                     "max_ongoing_requests": 64})
-    app.start()
-    print(f"Ray Serve up in {app.started_s:.0f} s", flush=True)
+    app = start_minilm()
     lines = []
     try:
         for setting in args.settings.split(","):
