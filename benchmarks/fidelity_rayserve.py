@@ -141,8 +141,11 @@ def one_setting(url: str, max_batch: int, window_ms: float, rhos: list[float], r
     # overhead need a window shorter than a batch (a burst split by it is flagged)
     _call(f"{url}/servelab/config", {"max_batch_size": max_batch,
                                      "batch_wait_timeout_s": window_ms / 1e3})
+    # the pairs send the same inputs, as in the committed `-contention` session (off by
+    # default in calibrate: see request_calibrate.request_overhead)
     profile = calibrate_endpoint(url, api="kserve-v2", sizes=sizes, reps=reps, model="minilm",
-                                 window_ms=window_ms, server_max_batch=max_batch)
+                                 window_ms=window_ms, server_max_batch=max_batch,
+                                 same_pair_inputs=True)
     tag = f"{max_batch}-{window_ms:g}ms"
     path = profile.save(RESULTS / f"{stem}-profile-{tag}.json")
     service = profile_service(profile, str(path))

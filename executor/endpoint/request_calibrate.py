@@ -125,6 +125,7 @@ def calibrate_endpoint(endpoint: str, *, api: str, sizes: Sequence[int], reps: i
                        model: str | None = None, payload: PayloadCfg | None = None,
                        window_ms: float | None = None, server_max_batch: int | None = None,
                        seed: int = 0, timeout_s: float = 30.0,
+                       same_pair_inputs: bool = False,
                        say: Callable[[str], None] = print) -> LatencyProfile:
     """Measure the endpoint's batched latency curve (see the module docstring).
 
@@ -140,6 +141,8 @@ def calibrate_endpoint(endpoint: str, *, api: str, sizes: Sequence[int], reps: i
         server_max_batch: The server's largest batch (Ray Serve's ``max_batch_size``).
         seed: Seeds the payloads and the shuffled order.
         timeout_s: A request not answered after this long fails the calibration.
+        same_pair_inputs: The two bursts of each overhead pair send the same inputs
+            (:func:`request_overhead`; off by default).
         say: Where the plan and the per-size lines go.
 
     Raises:
@@ -171,13 +174,14 @@ def calibrate_endpoint(endpoint: str, *, api: str, sizes: Sequence[int], reps: i
     stopper = Stopper()
     with stopper.installed():
         return _measure(url, api, payload, order, reps, seed, timeout_s, window_ms,
-                        server_max_batch, base, name, metadata, stopper, say)
+                        server_max_batch, base, name, metadata, stopper, say,
+                        same_pair_inputs)
 
 
 def _measure(url: str, api: str, payload: PayloadCfg, order: list[int], reps: int, seed: int,
              timeout_s: float, window_ms: float | None, server_max_batch: int | None,
              base: str, name: str | None, metadata: dict[str, Any] | None, stopper: Stopper,
-             say: Callable[[str], None]) -> LatencyProfile:
+             say: Callable[[str], None], same_pair_inputs: bool = False) -> LatencyProfile:
     """The warm-up and the timed bursts, and the profile of what they measured (after a stop
     signal: of the bursts completed before it, marked ``meta.partial``).
     """
@@ -241,7 +245,8 @@ def _measure(url: str, api: str, payload: PayloadCfg, order: list[int], reps: in
         medians = {n: float(np.median(v)) for n, v in samples.items()}
         try:
             overhead = request_overhead(url, api, payload, medians, server_max_batch,
-                                        window_s, reps, seed + 2, timeout_s, stopper)
+                                        window_s, reps, seed + 2, timeout_s, stopper,
+                                        same_pair_inputs)
         except ProbingStopped as stop:  # the timed bursts are kept, uncorrected
             partial = {"stopped_by": stop.signame, "stage": "request overhead",
                        "bursts_done": len(groups), "bursts_planned": len(sequence)}
@@ -295,10 +300,13 @@ def pairs_queue(size: int, median_s: float, server_max: int, window_s: float) ->
 
 def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[int, float],
                      server_max: int, window_s: float, pairs: int, seed: int,
-                     timeout_s: float, stopper: Stopper) -> dict[str, Any]:
+                     timeout_s: float, stopper: Stopper, same_pair_inputs: bool = False
+                     ) -> dict[str, Any]:
     """The replica's busy time per burst size and the per-request time outside it, from
-    ``pairs`` pairs of bursts of each size that can queue (:func:`pairs_queue`), the two
-    bursts of a pair with the same inputs (so their batches do the same work): the second
+    ``pairs`` pairs of bursts of each size that can queue (:func:`pairs_queue`) (with
+    ``same_pair_inputs`` the two bursts of a pair send the same inputs: tried for Ray
+    Serve's 16/10 ms setting, where it queued more pairs, but with a 100 ms window it read
+    MiniLM's batch-1 busy time at 2.8 ms against about 20, so it is off by default): the second
     burst of a pair is sent a quarter of a burst's latency after the first batch was
     dispatched (after the window, for a burst below the server's largest batch), reaches
     the replica while the first batch runs, and waits for it (Ray Serve's batcher closes
@@ -324,6 +332,7 @@ def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[in
         seed: Seeds the payloads.
         timeout_s: A request not answered after this long fails the calibration.
         stopper: A stop signal ends the measurement (:class:`ProbingStopped`).
+        same_pair_inputs: The two bursts of a pair send the same inputs.
 
     Raises:
         EndpointError: a request failed, or no pair queued at any size.
@@ -344,10 +353,11 @@ def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[in
         for _ in range(pairs):
             plan += [(t, size), (t + offset_s, size)]
             t += 3.0 * (wait_s + median_s) + 0.05
-    # the two bursts of a pair send the same inputs: their batches do the same work, so the
-    # gap between their finishes is the first's busy time, not that plus a text's luck
+    # same_pair_inputs: the two bursts of a pair send the same inputs, meant to make the gap
+    # between their finishes the first's busy time, not that plus a text's luck
     groups = _bursts(url, api, payload, plan, seed, timeout_s, stopper,
-                     contents=[k // 2 for k in range(len(plan))])
+                     contents=[k // 2 for k in range(len(plan))] if same_pair_inputs
+                     else None)
     by_size: dict[int, dict[str, list[float]]] = {}
     for k in range(0, len(plan), 2):
         size = plan[k][1]
