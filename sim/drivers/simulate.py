@@ -46,7 +46,7 @@ def summary_fallback(scenario: Scenario) -> str | None:
     """
     if scenario.autoscaling is not None:
         return "autoscaled runs keep full records (their cold-start metrics read them)"
-    if request_overhead_s(scenario) or any(proxy_costs_s(scenario)):
+    if any(overheads_s(scenario, "request_ms", "proxy_in_ms", "proxy_out_ms")):
         return "runs with service.overheads keep full records (the overhead is added to them)"
     if scenario.workload.kind == "closed" and getattr(scenario.workload, "duration_s",
                                                       None) is None:
@@ -55,29 +55,12 @@ def summary_fallback(scenario: Scenario) -> str | None:
     return None
 
 
-def request_overhead_s(scenario: Scenario) -> float:
-    """The per-request overhead outside the queue (``service.overheads.request_ms``), in s."""
-    cfg = getattr(scenario.service, "overheads", None)
-    return cfg.request_ms / 1e3 if cfg is not None else 0.0
-
-
-def proxy_costs_s(scenario: Scenario) -> tuple[float, float]:
-    """The proxy stage's per-request costs (in, out) in s (``service.overheads``)."""
-    cfg = getattr(scenario.service, "overheads", None)
-    if cfg is None:
-        return 0.0, 0.0
-    return getattr(cfg, "proxy_in_ms", 0.0) / 1e3, getattr(cfg, "proxy_out_ms", 0.0) / 1e3
-
-
-def contention_costs_s(scenario: Scenario) -> tuple[float, float]:
-    """What the front end's work adds to a running batch (``service.overheads``), in s:
-    per request arriving during it, per answer of the batch before it.
+def overheads_s(scenario: Scenario, *keys: str) -> tuple[float, ...]:
+    """The scenario's ``service.overheads`` named by ``keys`` (ms fields), in s; 0 for a
+    service without overheads or a key its kind does not take.
     """
     cfg = getattr(scenario.service, "overheads", None)
-    if cfg is None:
-        return 0.0, 0.0
-    return (getattr(cfg, "arrival_busy_ms", 0.0) / 1e3,
-            getattr(cfg, "answer_busy_ms", 0.0) / 1e3)
+    return tuple(getattr(cfg, key, 0.0) / 1e3 for key in keys)
 
 
 def run(scenario: Scenario | dict[str, Any] | str | Path,
@@ -129,7 +112,7 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
     if service is not None:
         model = service(model)
     core = build_core(scn, streams, model.median_s, records=kept)
-    proxy_in_s, proxy_out_s = proxy_costs_s(scn)
+    proxy_in_s, proxy_out_s = overheads_s(scn, "proxy_in_ms", "proxy_out_ms")
     client_arrival_s = None
     if proxy_in_s:  # the core sees each request when the proxy's inbound stage lets it go
         seen_s = view(core.table.arrival_s, core.table.n)
@@ -144,7 +127,8 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         sink = SummarySink(core, scn.warmup_s, horizon_s, slo_s(scn), has_deadlines(scn),
                            binned=kept == "sketch")
     cold = build_cold_start(scn, streams.cold_start) if core.fleet is not None else None
-    arrival_busy_s, answer_busy_s = contention_costs_s(scn)
+    arrival_busy_s, answer_busy_s = overheads_s(scn, "arrival_busy_ms",
+                                                "answer_busy_ms")
     if arrival_busy_s or answer_busy_s:  # the front end's work lengthens the running batch
         model = ContendedService(model, view(core.table.arrival_s, core.table.n),
                                  arrival_busy_s, answer_busy_s)
@@ -175,7 +159,7 @@ def run(scenario: Scenario | dict[str, Any] | str | Path,
         if proxy_out_s:
             requests["finish_s"] = outbound_departures(requests["finish_s"].to_numpy(),
                                                        proxy_out_s)
-        overhead_s = request_overhead_s(scn)
+        (overhead_s,) = overheads_s(scn, "request_ms")
         if overhead_s:  # the client sees each answer this much later; the queue does not
             requests["finish_s"] = requests["finish_s"] + overhead_s
         batches = core.batches.to_frame()
