@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import http.client
 import json
 import math
 import resource
@@ -89,20 +90,29 @@ def trace_prompts(scn: LlmScenario, rows: np.ndarray | None, prompt: np.ndarray,
                         token_ids, seed)
 
 
-def preflight(url: str, api: str, model: str) -> None:
+def preflight(url: str, api: str, model: str, finish: bool = False) -> None:
     """One tiny request before the run: a wrong path or a refused body is one clear error
     instead of a run of failures.
 
+    By default it hangs up once it has the status: the stream itself (slow, broken) is the
+    run's to measure. The server then aborts the request, and whether its engine admitted it
+    first is a race: vLLM counts an admitted request's prompt in
+    ``vllm:prefix_cache_queries_total``, an aborted waiting one in nothing. ``finish`` reads
+    the stream to its end instead, so the request is done, and counted, when this returns.
+
     Raises:
-        EndpointError: not reachable, 404, or the server refuses the request's fields.
+        EndpointError: not reachable, 404, or the server refuses the request's fields;
+            with ``finish``, a stream that breaks.
     """
     body = payload(api, model, Job(-1, 0.0, [11] if api == "openai-completions" else "hi",
                                    1, 1), None)
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
-        # the status is all it needs: the stream itself (slow, broken) is the run's to measure
-        urllib.request.urlopen(req, timeout=60).close()
+        # 60 s per socket read is a hang guard: a 1-token request takes well under a second
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            if finish:
+                _read_to_end(resp, url)
     except urllib.error.HTTPError as exc:
         detail = " ".join(exc.read().decode(errors="replace").split())[:160]
         if exc.code == 404:
@@ -113,6 +123,19 @@ def preflight(url: str, api: str, model: str) -> None:
                             f"(model {model!r}): {detail}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise EndpointError(f"cannot reach {url}: {server_info._reason(exc)}") from None
+
+
+def _read_to_end(resp: http.client.HTTPResponse, url: str) -> None:
+    """Read a response's body to its end.
+
+    Raises:
+        EndpointError: the stream broke before its end.
+    """
+    try:
+        resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise EndpointError(f"POST {url}: the 1-token test request's stream broke: "
+                            f"{server_info._reason(exc)}") from None
 
 
 def _outcome_tables(outs: list[Outcome], jobs: list[Job], priority: np.ndarray,
@@ -222,7 +245,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
           max_concurrency: int | None = None, drain_timeout_s: float | None = None,
           request_timeout_s: float | None = None, token_ids: tuple[int, int] = (10, 250),
           content_seed: int | None = None, prompt_salt: int | None = None,
-          handle_signals: bool = False, spin_s: float = 0.0,
+          handle_signals: bool = False, spin_s: float = 0.0, finish_preflight: bool = False,
           on_done: Callable[[Outcome], None] | None = None,
           on_client: Callable[[OpenLoop], None] | None = None) -> LlmResult:
     """Measure ``endpoint`` on an LLM scenario's schedule.
@@ -245,6 +268,9 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
             earlier one in the server's prefix cache; 0: the seed's own ids.
         handle_signals: SIGINT and SIGTERM stop the run; what was measured is kept.
         spin_s: The client's busy wait before each send (:class:`OpenLoop`'s ``spin_s``).
+        finish_preflight: The preflight request runs to its end (:func:`preflight`'s
+            ``finish``), so the server counts it, settled, before the run: for a caller
+            that takes counter deltas across the whole call.
         on_done: Called after each request (the progress bar).
         on_client: Called with the client before it starts (tests stop runs with it).
 
@@ -271,7 +297,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
             raise EndpointError(f"{base}/v1/models lists no model: pass --model NAME")
         model = names[0]
     url = base + APIS[api]
-    preflight(url, api, model)
+    preflight(url, api, model, finish=finish_preflight)
     chat = chat_prompts.measure(url, model) if api == "openai-chat" else None
     before = server_info.metrics(base)  # after the set-up requests: the run's own counts
     schedule, prompt, output = llm_schedule(scn)
