@@ -158,6 +158,7 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
     # a tight budget gives up the small batches' extra samples first, then repetitions,
     # then the costliest cached-prefix cells, then the largest batch sizes
     small, cells = SMALL_BATCH_REPS, info["cached_cells"]
+    full = {"reps": reps, "cached_cells": list(cells), "decode_seqs": list(grid["decode_seqs"])}
 
     def need_s() -> float:
         return estimate_s(grid, reps, ttft_long, itl_one, small_reps=small, cells=cells)
@@ -191,6 +192,13 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
     keeper = Keeper(budget_s, t_start, Speeds(ttft_long, itl_one, grid["prefill_tokens"][-1]),
                     say)
     info["budget"] = keeper.record
+    # what the plan gave up before probing (the first look's estimate against the budget)
+    keeper.record["plan"] = {
+        "estimate_s": need, "left_s": left, "reps": [full["reps"], reps],
+        "small_batch_reps": [SMALL_BATCH_REPS, small],
+        "cached_cells_dropped": [c for c in full["cached_cells"] if c not in cells],
+        "decode_seqs_dropped": [d for d in full["decode_seqs"]
+                                if d not in grid["decode_seqs"]]}
     rest = Rest(list(grid["prefill_tokens"]), list(order), reps, small, list(grid["chunked"]),
                 [list(c) for c in cells], True)
     engine = _prefill_points(target, base, rest, keeper, grid, ttft, say)
