@@ -194,7 +194,8 @@ def calibrate_endpoint_cmd(endpoint: str, model: str | None, out: Path, budget_s
         return
     partial = meta.get("partial")
     if partial:
-        console.print(f"[yellow]interrupted — partial profile[/] ({partial['stopped_by']}): "
+        why = ("budget spent" if partial["stopped_by"] == "budget" else "interrupted")
+        console.print(f"[yellow]{why} — partial profile[/] ({partial['stopped_by']}): "
                       f"{partial['prefill_points']} of {partial['planned_prefill_points']} "
                       f"prefill and {partial['decode_points']} of "
                       f"{partial['planned_decode_points']} decode points measured")

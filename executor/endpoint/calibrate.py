@@ -47,6 +47,7 @@ import numpy as np
 from calibration.step_profile import StepProfile
 from executor.endpoint import prefix_probe, probes, server_info
 from executor.endpoint.bench import preflight
+from executor.endpoint.calibrate_budget import Keeper, Rest, Speeds, fittable, probing_end_s
 from executor.endpoint.calibrate_plan import (
     MIN_REPS,
     OUTPUT_TOKENS,
@@ -82,7 +83,10 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
         endpoint: The server's base URL (``http://HOST:PORT``).
         out: The step profile JSON to write.
         model: The served model's name (default: the first ``/v1/models`` lists).
-        budget_s: The most seconds probing may take (the plan is sized to fit).
+        budget_s: The most seconds probing may take: the plan is sized to fit it, work is
+            shed as the steps' measured times demand, and no probe step starts once it is
+            spent, so the wall time (``meta.wall_s``) is at most ``budget_s`` plus the last
+            step's time plus the fit's (``meta.budget``; :mod:`.calibrate_budget`).
         reps: Samples per probe point (fewer where the budget needs it; at least 3).
         max_num_seqs: The server's limit where the user knows it (caps the decode grid).
         max_num_batched_tokens: Likewise (caps the prefill grid).
@@ -132,6 +136,8 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
                           max_num_seqs, max_num_batched_tokens, say)
         except probes.ProbingStopped as stop:
             info["wall_s"] = time.perf_counter() - t_start
+            if "budget" in info:  # the time after the last step measured
+                info["budget"]["fit_s"] = info["wall_s"] - probing_end_s(info["budget"])
             return _write_partial(stop.signame, grid, contexts, ttft, itl, info, Path(out),
                                   max_num_seqs, max_num_batched_tokens, say)
 
@@ -152,6 +158,7 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
     # a tight budget gives up the small batches' extra samples first, then repetitions,
     # then the costliest cached-prefix cells, then the largest batch sizes
     small, cells = SMALL_BATCH_REPS, info["cached_cells"]
+    full = {"reps": reps, "cached_cells": list(cells), "decode_seqs": list(grid["decode_seqs"])}
 
     def need_s() -> float:
         return estimate_s(grid, reps, ttft_long, itl_one, small_reps=small, cells=cells)
@@ -182,71 +189,162 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
         + (f"prefills after a cached prefix {cells} ([new, cached]); " if cells else "")
         + "one mixed step probe "
         "(Ctrl-C or SIGTERM writes the points measured so far)")
+    keeper = Keeper(budget_s, t_start, Speeds(ttft_long, itl_one, grid["prefill_tokens"][-1]),
+                    say)
+    info["budget"] = keeper.record
+    # what the plan gave up before probing (the first look's estimate against the budget)
+    keeper.record["plan"] = {
+        "estimate_s": need, "left_s": left, "reps": [full["reps"], reps],
+        "small_batch_reps": [SMALL_BATCH_REPS, small],
+        "cached_cells_dropped": [c for c in full["cached_cells"] if c not in cells],
+        "decode_seqs_dropped": [d for d in full["decode_seqs"]
+                                if d not in grid["decode_seqs"]]}
+    rest = Rest(list(grid["prefill_tokens"]), list(order), reps, small, list(grid["chunked"]),
+                [list(c) for c in cells], True)
+    engine = _prefill_points(target, base, rest, keeper, grid, ttft, say)
+    delta_s = _decode_cells(target, base, rest, keeper, grid, context_of, itl, info, say)
+    outside = {k: v for k, v in itl.items() if k[0] not in grid["decode_seqs"]}
+    for key in outside:
+        del itl[key]
+    if outside:  # cells of a size shed after they were measured: kept in meta only
+        keeper.record["decode_itl_s_shed"] = {f"{d},{c}": v for (d, c), v in outside.items()}
+    profile, meta = _fit(grid, contexts, ttft, itl, delta_s, engine)
+    request_s = meta["overheads"]["request_ms"] / 1e3
+    context_s: dict[str, list[float]] = {}
+    keeper.fit(rest, grid["decode_seqs"])
+    if rest.chunked:
+        with keeper.step("chunked prefill", "chunked", rest):
+            context_s = _chunked(target, base, profile, rest.chunked, rest.reps, request_s)
+        meta["chunked_probe"] = {"chunk_tokens": rest.chunked[0],
+                                 "chunks": rest.chunked[1], "samples_s": context_s}
+        say(f"chunked prefill ({rest.chunked[1]} × {rest.chunked[0]} tokens): "
+            f"{np.median(list(context_s.values())[-1]) * 1e3:.2f} ms per chunk at "
+            f"{list(context_s)[-1].split(',')[1]} tokens in, "
+            f"{profile.step_s(rest.chunked[0], 0, 0) * 1e3:.2f} ms at none")
+    info["cached_cells"] = _cached_cells(target, base, rest, keeper, grid, request_s,
+                                         meta, context_s, say)
+    keeper.fit(rest, grid["decode_seqs"])
+    if rest.mixed:
+        meta["mixed_check"] = _mixed(target, rest, keeper, grid, profile, contexts,
+                                     max_num_batched_tokens, itl_one, say)
+    info.pop("delta_s", None)
+    meta.update({"method": "endpoint", **info, "wall_s": time.perf_counter() - t_start})
+    keeper.record["fit_s"] = meta["wall_s"] - probing_end_s(keeper.record)
+    return _save(profile, meta, out, max_num_seqs, max_num_batched_tokens, say, context_s)
+
+
+def _prefill_points(target: probes.Target, base: str, rest: Rest, keeper: Keeper,
+                    grid: dict[str, list[int]], ttft: dict[int, list[float]],
+                    say: Callable[[str], None]) -> dict[int, float]:
+    """Probe the prefill points (filling ``ttft``); the server's own prefill time of each,
+    where it reports one.
+    """
     engine: dict[int, float] = {}
-    for p in grid["prefill_tokens"]:
-        before = server_info.metrics(base)
-        ttft[p] = probes.prefill_ttft_s(target, p, reps)
-        inside = server_info.histogram_mean(before, server_info.metrics(base), SERVER_PREFILL)
+    while rest.prefill:
+        keeper.fit(rest, grid["decode_seqs"])
+        p = rest.prefill[0]
+        with keeper.step(f"prefill {p}", "prefill", rest, p):
+            before = server_info.metrics(base)
+            ttft[p] = probes.prefill_ttft_s(target, p, rest.reps)
+            inside = server_info.histogram_mean(before, server_info.metrics(base),
+                                                SERVER_PREFILL)
+        rest.prefill.pop(0)
         if inside is not None:
             engine[p] = inside
         say(f"prefill {p:5d} tokens: TTFT median {np.median(ttft[p]) * 1e3:.2f} ms"
             + (f" (server's prefill step {inside * 1e3:.2f} ms)" if inside else ""))
+    return engine
+
+
+def _decode_cells(target: probes.Target, base: str, rest: Rest, keeper: Keeper,
+                  grid: dict[str, list[int]], context_of: dict[int, int],
+                  itl: dict[tuple[int, int], list[float]], info: dict[str, Any],
+                  say: Callable[[str], None]) -> float:
+    """Probe the decode cells in their order (filling ``itl``); the per-output-token
+    overhead (the client's ITL less the server's, at one stream; 0 where it reports none).
+    """
     delta_s = 0.0
-    for prompt, d in order:
+    while True:
+        keeper.fit(rest, grid["decode_seqs"])
+        if not rest.decode:
+            return delta_s
+        prompt, d = rest.decode[0]
         ctx = context_of[prompt]
         # one sequence at the shortest context: the server's own ITL beside the client's
         server_itl = d == 1 and prompt == grid["decode_prompts"][0]
-        before = server_info.metrics(base) if server_itl else None
-        samples = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS, _runs(d, reps, small))
+        with keeper.step(f"decode {d} at {ctx}", "decode", rest, (prompt, d)):
+            before = server_info.metrics(base) if server_itl else None
+            samples = probes.decode_itl_s(target, d, prompt, OUTPUT_TOKENS,
+                                          _runs(d, rest.reps, rest.small))
+            after = server_info.metrics(base) if server_itl else None
+        rest.decode.pop(0)
         if not samples:
             raise EndpointError(f"decode probe of {d} sequences: longer outputs did not "
                                 "take longer (a server too noisy to probe, or one that "
                                 "does not stream per token?)")
         itl[(d, ctx)] = samples
         if server_itl:
-            server = server_info.histogram_mean(before, server_info.metrics(base), SERVER_ITL)
+            server = server_info.histogram_mean(before, after, SERVER_ITL)
             if server is not None:
                 delta_s = max(0.0, float(np.mean(itl[(d, ctx)])) - server)
                 info["delta_s"] = delta_s
         say(f"decode {d:3d} seqs at context {ctx}: ITL median "
             f"{np.median(itl[(d, ctx)]) * 1e3:.2f} ms")
-    info["delta_s"] = delta_s
-    profile, meta = _fit(grid, contexts, ttft, itl, delta_s, engine)
-    context_s: dict[str, list[float]] = {}
-    if grid["chunked"]:
-        context_s = _chunked(target, base, profile, grid["chunked"], reps,
-                             meta["overheads"]["request_ms"] / 1e3)
-        meta["chunked_probe"] = {"chunk_tokens": grid["chunked"][0],
-                                 "chunks": grid["chunked"][1], "samples_s": context_s}
-        say(f"chunked prefill ({grid['chunked'][1]} × {grid['chunked'][0]} tokens): "
-            f"{np.median(list(context_s.values())[-1]) * 1e3:.2f} ms per chunk at "
-            f"{list(context_s)[-1].split(',')[1]} tokens in, "
-            f"{profile.step_s(grid['chunked'][0], 0, 0) * 1e3:.2f} ms at none")
-    if cells:
-        got = prefix_probe.cached_prefill_meta(prefix_probe.cached_prefill_s(
-            target, base, cells, reps, meta["overheads"]["request_ms"] / 1e3))
-        meta["cached_prefill"] = got
-        context_s.update(got["samples_s"])
-        fit = got["fit"]
-        say(f"prefill after a cached prefix ({len(cells)} cells): "
-            f"{fit['a_ms']:.2f} ms + {fit['ms_per_new_token']:.4f} ms per new token + "
-            f"{fit['ms_per_context_pair']:.3g} ms per new × cached token + "
-            f"{fit['ms_per_sq']:.3g} ms per new token² (R² {fit['r2']:.4f})")
+
+
+def _cached_cells(target: probes.Target, base: str, rest: Rest, keeper: Keeper,
+                  grid: dict[str, list[int]], request_s: float, meta: dict[str, Any],
+                  context_s: dict[str, list[float]], say: Callable[[str], None]
+                  ) -> list[list[int]]:
+    """Probe the cached-prefix cells still planned (into ``meta.cached_prefill`` and
+    ``context_s``); the cells measured and fitted (none where the budget left too few).
+    """
+    got: dict[str, Any] = {}
+    while True:
+        keeper.fit(rest, grid["decode_seqs"])
+        if not rest.cells:
+            break
+        n, k = rest.cells[0]
+        with keeper.step(f"cached prefix {n},{k}", "cached", rest, [n, k]):
+            if not got:
+                prefix_probe.open_connection(target)
+            prefix_probe.add_cell(got, prefix_probe.cached_cell_s(target, base, n, k,
+                                                                  rest.reps, request_s))
+        rest.cells_done.append(rest.cells.pop(0))
+    done = rest.cells_done
+    if not done:
+        return []
+    if not fittable(done):
+        keeper.record["cached_samples_s"] = got["samples_s"]
+        say(f"prefill after a cached prefix: {len(done)} cells measured, too few to fit "
+            "(kept in meta.budget.cached_samples_s)")
+        return []
+    got = prefix_probe.cached_prefill_meta(got)
+    meta["cached_prefill"] = got
+    context_s.update(got["samples_s"])
+    fit = got["fit"]
+    say(f"prefill after a cached prefix ({len(done)} cells): "
+        f"{fit['a_ms']:.2f} ms + {fit['ms_per_new_token']:.4f} ms per new token + "
+        f"{fit['ms_per_context_pair']:.3g} ms per new × cached token + "
+        f"{fit['ms_per_sq']:.3g} ms per new token² (R² {fit['r2']:.4f})")
+    return done
+
+
+def _mixed(target: probes.Target, rest: Rest, keeper: Keeper, grid: dict[str, list[int]],
+           profile: StepProfile, contexts: list[int], max_num_batched_tokens: int | None,
+           itl_one: float, say: Callable[[str], None]) -> dict[str, Any]:
+    """The mixed step check: measured beside the profile's composed step."""
     mix_p, mix_d = mixed_point(grid, max_num_batched_tokens)
-    mixed = probes.mixed_step_s(target, mix_d, grid["decode_prompts"][0], OUTPUT_TOKENS * 2,
-                                mix_p, reps, itl_one)
+    with keeper.step("mixed step", "mixed", rest):
+        mixed = probes.mixed_step_s(target, mix_d, grid["decode_prompts"][0],
+                                    OUTPUT_TOKENS * 2, mix_p, rest.reps, itl_one)
     composed = profile.step_s(mix_p, mix_d, mix_d * contexts[0])
     if mixed:
         say(f"mixed step ({mix_p} prefill + {mix_d} decodes): {np.median(mixed) * 1e3:.2f} ms "
             f"measured, {composed * 1e3:.2f} ms composed")
-    meta["mixed_check"] = {"prefill_tokens": mix_p, "decode_seqs": mix_d,
-                           "context": contexts[0], "samples_s": mixed,
-                           "composed_s": composed,
-                           "rel_error": float(composed / np.median(mixed) - 1) if mixed
-                           else None}
-    info.pop("delta_s")
-    meta.update({"method": "endpoint", **info, "wall_s": time.perf_counter() - t_start})
-    return _save(profile, meta, out, max_num_seqs, max_num_batched_tokens, say, context_s)
+    return {"prefill_tokens": mix_p, "decode_seqs": mix_d, "context": contexts[0],
+            "samples_s": mixed, "composed_s": composed,
+            "rel_error": float(composed / np.median(mixed) - 1) if mixed else None}
 
 
 def _save(profile: StepProfile, meta: dict[str, Any], out: Path, max_num_seqs: int | None,
@@ -290,7 +388,7 @@ def _write_partial(signame: str, grid: dict[str, list[int]], contexts: list[int]
         say(f"stopped by {signame}: too few points for a profile ({len(ttft)} prefill, "
             f"{len(itl)} decode); the samples are in {path} (not a usable profile)")
         return {"partial": partial, "partial_path": str(path), "wall_s": info["wall_s"],
-                "budget_s": info["budget_s"]}
+                "budget_s": info["budget_s"], "budget": info.get("budget")}
     part_grid = {"prefill_tokens": list(ttft), "decode_seqs": seqs}
     profile, meta = _fit(part_grid, done_ctx, ttft, kept, info.get("delta_s", 0.0))
     meta.update({"method": "endpoint", **{k: v for k, v in info.items() if k != "delta_s"},

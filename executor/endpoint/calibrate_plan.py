@@ -86,30 +86,57 @@ def _runs(seqs: int, reps: int, small_reps: int = SMALL_BATCH_REPS) -> int:
     return max(1, math.ceil(want / seqs))
 
 
+def prefill_point_s(prompt_tokens: int, reps: int, ttft_s: float, itl_s: float,
+                    long_tokens: int) -> float:
+    """Seconds one prefill point takes: ``reps`` one-token requests at the long prompt's
+    speed per token (``ttft_s`` over ``long_tokens``), each at least one decode step.
+    """
+    return reps * max(prompt_tokens * ttft_s / long_tokens, itl_s)
+
+
+def decode_cell_s(seqs: int, prompt_tokens: int, reps: int, ttft_s: float, itl_s: float,
+                  long_tokens: int, small_reps: int = SMALL_BATCH_REPS) -> float:
+    """Seconds one decode cell takes (decode steps assumed to grow linearly with sequences,
+    by a quarter step each; each batch prefills its ``seqs`` prompts at the long prefill's
+    speed per token; a lone stream's run is one batch, a larger one's a short and a long
+    batch).
+    """
+    per_token_s = ttft_s / long_tokens
+    step = (1.25 if seqs > 1 else 1.0) * OUTPUT_TOKENS * itl_s * (1 + seqs / 4)
+    prefills = (2 if seqs > 1 else 1) * max(ttft_s, seqs * prompt_tokens * per_token_s)
+    return _runs(seqs, reps, small_reps) * (step + prefills)
+
+
+def chunked_s(chunked: list[int], reps: int, ttft_s: float) -> float:
+    """Seconds the chunked-prefill probe takes (none where ``chunked`` is empty)."""
+    return reps * ttft_s * chunked[1] if chunked else 0.0
+
+
+def mixed_s(itl_s: float) -> float:
+    """Seconds the mixed step check takes: its decodes' twice-long outputs, twice over."""
+    return OUTPUT_TOKENS * 2 * itl_s * 2
+
+
 def estimate_s(grid: dict[str, list[int]], reps: int, ttft_s: float, itl_s: float,
                small_reps: int = SMALL_BATCH_REPS,
                cells: list[list[int]] | None = None) -> float:
     """Seconds the plan takes at ``reps``, from one long prefill's TTFT and one sequence's
-    ITL (each prefill size at the long one's speed per token; decode steps assumed to grow
-    linearly with sequences, by a quarter step each; each decode batch prefills its ``D``
-    prompts at the long prefill's speed per token; a lone stream's run is one batch, a
-    larger one's a short and a long batch), with
-    ``small_reps`` times the samples for the small batches and the cached-prefix probe's
-    ``cells``.
+    ITL: the sum of its steps' estimates (:func:`prefill_point_s`, :func:`decode_cell_s`,
+    :func:`chunked_s`, the cached-prefix probe's ``cells``, :func:`mixed_s`), with
+    ``small_reps`` times the samples for the small batches.
     """
-    per_token_s = ttft_s / grid["prefill_tokens"][-1]
+    long_tokens = grid["prefill_tokens"][-1]
     # each prompt at the long one's speed per token, at least one decode step: an estimate,
     # not a bound (attention makes shorter prompts cheaper per token, their fixed request
     # cost dearer); not every size at the longest one's TTFT, which counted the 512-token
     # point as a whole 1,024-token prefill more
-    prefill = reps * sum(max(p * per_token_s, itl_s) for p in grid["prefill_tokens"])
-    decode = sum(_runs(d, reps, small_reps) * ((1.25 if d > 1 else 1.0) * OUTPUT_TOKENS * itl_s
-                                   * (1 + d / 4)
-                                   + (2 if d > 1 else 1) * max(ttft_s, d * p * per_token_s))
+    prefill = sum(prefill_point_s(p, reps, ttft_s, itl_s, long_tokens)
+                  for p in grid["prefill_tokens"])
+    decode = sum(decode_cell_s(d, p, reps, ttft_s, itl_s, long_tokens, small_reps)
                  for d in grid["decode_seqs"] for p in grid["decode_prompts"])
-    chunked = reps * ttft_s * grid["chunked"][1] if grid["chunked"] else 0.0
-    cached = prefix_probe.estimate_s(cells or [], reps, per_token_s)
-    return prefill + decode + chunked + cached + OUTPUT_TOKENS * 2 * itl_s * 2
+    cached = prefix_probe.estimate_s(cells or [], reps, ttft_s / long_tokens)
+    return prefill + decode + chunked_s(grid["chunked"], reps, ttft_s) + cached + \
+        mixed_s(itl_s)
 
 
 def mixed_point(grid: dict[str, list[int]], max_num_batched_tokens: int | None

@@ -112,35 +112,55 @@ def cached_prefill_s(target: Target, base: str, cells: Sequence[Sequence[int]],
     Raises:
         EndpointError: a probe request failed.
     """
-    send(target, [Job(0, 0.0, target.prompt(16), 16, 1)], one_at_a_time=True)  # opens it
-    samples: dict[str, list[float]] = {}
-    ttfts: dict[str, list[float]] = {}
-    server: dict[str, list[float]] = {}
-    hits: dict[str, float] = {}
+    open_connection(target)
+    got: dict[str, Any] = {"samples_s": {}, "ttft_s": {}, "server": {}, "hits_tokens": {}}
     for n, k in cells:
-        prefixes = [target.prompt(k) for _ in range(reps)]
-        if k:
-            send(target, [Job(i, 0.0, p, k, 1) for i, p in enumerate(prefixes)],
-                 one_at_a_time=True)
-        key = f"{n},{k}"
-        ttfts[key], server[key], hit_total = [], [], 0.0
-        for i, p in enumerate(prefixes):
-            # one /metrics window per hit: the server's time of each (a median, where a
-            # window over all of them gives only their mean, which one stall moves)
-            before = server_info.metrics(base)
-            out = send(target, [Job(i, 0.0, p + target.prompt(n), k + n, 1)],
-                       one_at_a_time=True)[0]
-            after = server_info.metrics(base)
-            ttfts[key].append(out.chunk_s[0] - out.sent_s)
-            inside = server_info.histogram_mean(before, after, (SERVER_PREFILL,))
-            if inside is not None:
-                server[key].append(inside)
-            hit = _hits(before, after)
-            hit_total += hit or 0.0
-        hits[key] = hit_total
-        samples[key] = server[key] if len(server[key]) == reps else [
-            max(t - request_s, 1e-6) for t in ttfts[key]]
-    return {"samples_s": samples, "ttft_s": ttfts, "server": server, "hits_tokens": hits}
+        add_cell(got, cached_cell_s(target, base, int(n), int(k), reps, request_s))
+    return got
+
+
+def open_connection(target: Target) -> None:
+    """One untimed request: the cells' requests find the connection open."""
+    send(target, [Job(0, 0.0, target.prompt(16), 16, 1)], one_at_a_time=True)
+
+
+def add_cell(got: dict[str, Any], cell: dict[str, Any]) -> None:
+    """Merge one :func:`cached_cell_s` result into ``got`` (:func:`cached_prefill_s`'s
+    form).
+    """
+    for name, values in cell.items():
+        got.setdefault(name, {}).update(values)
+
+
+def cached_cell_s(target: Target, base: str, n: int, k: int, reps: int, request_s: float
+                  ) -> dict[str, Any]:
+    """One cell of :func:`cached_prefill_s`: ``reps`` fresh prefixes of ``k`` tokens sent
+    (filling the cache), then each followed by ``n`` fresh tokens, timed alone; the result
+    in :func:`cached_prefill_s`'s form, for this cell's key only.
+    """
+    prefixes = [target.prompt(k) for _ in range(reps)]
+    if k:
+        send(target, [Job(i, 0.0, p, k, 1) for i, p in enumerate(prefixes)],
+             one_at_a_time=True)
+    ttfts: list[float] = []
+    server: list[float] = []
+    hit_total = 0.0
+    for i, p in enumerate(prefixes):
+        # one /metrics window per hit: the server's time of each (a median, where a
+        # window over all of them gives only their mean, which one stall moves)
+        before = server_info.metrics(base)
+        out = send(target, [Job(i, 0.0, p + target.prompt(n), k + n, 1)],
+                   one_at_a_time=True)[0]
+        after = server_info.metrics(base)
+        ttfts.append(out.chunk_s[0] - out.sent_s)
+        inside = server_info.histogram_mean(before, after, (SERVER_PREFILL,))
+        if inside is not None:
+            server.append(inside)
+        hit_total += _hits(before, after) or 0.0
+    key = f"{n},{k}"
+    samples = server if len(server) == reps else [max(t - request_s, 1e-6) for t in ttfts]
+    return {"samples_s": {key: samples}, "ttft_s": {key: ttfts}, "server": {key: server},
+            "hits_tokens": {key: hit_total}}
 
 
 def fit_cached_prefill(samples_s: dict[str, list[float]]) -> dict[str, float]:
@@ -168,5 +188,6 @@ def fit_cached_prefill(samples_s: dict[str, list[float]]) -> dict[str, float]:
             "r2": 1 - float(np.sum((ys - pred) ** 2)) / sst}
 
 
-__all__ = ["CELLS", "cached_prefill_meta", "cached_prefill_s", "estimate_s",
-           "fit_cached_prefill", "linear_terms", "plan_cells", "trimmed"]
+__all__ = ["CELLS", "add_cell", "cached_cell_s", "cached_prefill_meta", "cached_prefill_s",
+           "estimate_s", "fit_cached_prefill", "linear_terms", "open_connection",
+           "plan_cells", "trimmed"]

@@ -7,6 +7,8 @@ every chunk as vLLM's ``continuous_usage_stats`` does. The model name chooses a 
 
 * ``instant``: every token at once;
 * ``timed:TTFT_MS:ITL_MS``: the first token TTFT_MS after the request, then one every ITL_MS;
+* ``slowing:TTFT_MS:ITL_MS:FACTOR:AFTER``: as ``timed``, but from this model name's AFTER-th
+  request on both times are FACTOR times longer (a machine loaded partway; no CPU involved);
 * ``errors``: answers 200, 500, 429, 503, 200, … in turn (a counter per model name);
 * ``cut``: closes the connection after half the tokens;
 * ``malformed``: the second chunk is not JSON;
@@ -76,6 +78,7 @@ class Stub:
                 len(str(m.get("content", "")).split()) for m in prompt or []
                 if isinstance(m, dict))
         self.counts[model] += 1
+        nth = self.counts[model]  # this request's number under its model name
         if body.get("stream") is False:  # one JSON answer, with usage
             return web.json_response({
                 "id": "cmpl-stub", "object": "chat.completion" if chat else "text_completion",
@@ -96,21 +99,25 @@ class Stub:
         count = n - 1 if mode == "few" else n + 1 if mode == "many" else n
         # a client that went away (cancelled at its deadline) needs no answer
         with contextlib.suppress(ConnectionError):
-            await self._stream(resp, request, mode, n, count, prompt_tokens, chat, t0, args)
+            await self._stream(resp, request, mode, n, count, prompt_tokens, chat, t0, args,
+                               nth)
         return resp
 
     async def _stream(self, resp: web.StreamResponse, request: web.Request, mode: str, n: int,
                       count: int, prompt_tokens: int, chat: bool, t0: float,
-                      args: list[str]) -> None:
+                      args: list[str], nth: int = 0) -> None:
         if mode == "instant":  # every chunk in one write
             await resp.write(b"".join(_chunk(i, prompt_tokens, chat) for i in range(count))
                              + b"data: [DONE]\n\n")
             await resp.write_eof()
             return
-        ttft_s = float(args[0]) / 1e3 if mode == "timed" and args else 0.0
-        itl_s = float(args[1]) / 1e3 if mode == "timed" and len(args) > 1 else 0.0
+        timed = mode in ("timed", "slowing")
+        ttft_s = float(args[0]) / 1e3 if timed and args else 0.0
+        itl_s = float(args[1]) / 1e3 if timed and len(args) > 1 else 0.0
+        if mode == "slowing" and nth >= int(args[3]):
+            ttft_s, itl_s = ttft_s * float(args[2]), itl_s * float(args[2])
         for i in range(count):
-            if mode == "timed":
+            if timed:
                 due = t0 + ttft_s + i * itl_s
                 await asyncio.sleep(max(due - time.perf_counter(), 0.0))
             if mode == "cut" and i == n // 2:

@@ -11,11 +11,13 @@ machine) is probed in the test against the same stub with no wait.
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from scipy import stats
 from calibration.step_profile import StepProfile, load_step_profile
 from executor.endpoint import probes
 from executor.endpoint.calibrate import calibrate_endpoint
+from executor.endpoint.calibrate_budget import SHED_ORDER
 from executor.endpoint.calibrate_plan import OUTPUT_TOKENS, PREFILL_TOKENS, decode_order
 from executor.endpoint.compare_endpoint import compare_endpoint
 from tests.executor.endpoint.conftest import REPO, env, signal_mid_run, write_scenario
@@ -171,6 +174,75 @@ def test_calibrate_recovers_the_stubs_step_times(profile_path: Path, stub_url: s
         growth_ms, path)
     mixed = profile.meta["mixed_check"]
     assert mixed["samples_s"], "the mixed probe landed no prefill among the decodes"
+
+
+def _kept_its_budget(meta: dict[str, Any], budget_s: float) -> list[dict[str, Any]]:
+    """The bound the command states, from this run's own step times: no probe step started
+    once the budget was spent, so the wall time is at most the budget plus the last step's
+    time plus the fit's; the steps recorded are the run's probing, back to back. Returns the
+    steps.
+    """
+    record = meta["budget"]
+    steps: list[dict[str, Any]] = record["steps"]
+    assert steps and all(s["start_s"] < budget_s for s in steps), steps
+    for before, after in itertools.pairwise(steps):
+        assert after["start_s"] >= before["start_s"] + before["took_s"]
+    assert meta["wall_s"] <= budget_s + steps[-1]["took_s"] + record["fit_s"], record
+    return steps
+
+
+# a stand-in whose answers slow 2.5-fold after the calibration's first look (its first seven
+# requests: the pre-flight, the warm-up's two, the long prefill's three, one decode stream):
+# sleeps, so the slowdown is the stand-in's, not the CPU's. The plan sized from the first look
+# underestimates the rest by about that much
+SLOWING = "slowing:30:5:{factor}:8#{tag}"
+
+
+def test_calibrate_sheds_work_to_keep_its_budget_when_the_server_slows(
+        stub_url: str, tmp_path: Path) -> None:
+    budget_s = 25.0
+    out = tmp_path / "slow.json"
+    lines: list[str] = []
+    meta = calibrate_endpoint(stub_url, out, model=SLOWING.format(factor=2.5, tag="shed"),
+                              reps=3, budget_s=budget_s, say=lines.append)
+    _kept_its_budget(meta, budget_s)
+    # work was shed, in the stated order, each piece said with why: the rest, at the
+    # ratios of measured to planned time so far, would have ended past the budget
+    shed = meta["budget"]["shed"]
+    assert shed, lines
+    ranks = [SHED_ORDER.index(e["shed"]) for e in shed]
+    assert ranks == sorted(ranks), shed
+    assert all(e["projected_s"] > e["left_s"] for e in shed)
+    said = [line for line in lines if line.startswith("budget: ")]
+    assert len(said) == len(shed) and all(e["what"] in s for e, s in zip(shed, said,
+                                                                         strict=True))
+    # shedding sufficed: a whole profile, every decode size kept measured at every context
+    assert "partial" not in meta
+    profile = load_step_profile(out)
+    for d in profile.decode_seqs[1:]:
+        for ctx in profile.context_tokens:
+            assert StepProfile.key(0, d, ctx) in profile.samples_s, (d, ctx)
+    gone = {int(e["what"].split()[3]) for e in shed if e["shed"] == "decode_size"}
+    assert not gone & set(profile.decode_seqs)
+    # what was measured is the slowed stand-in's: decode steps 2.5 × 5 ms, not 5
+    assert profile.meta["endpoint_fit"]["decode_base_ms"] > 2 * 5.0
+
+
+def test_calibrate_stops_at_its_budget_with_the_points_measured(stub_url: str,
+                                                                tmp_path: Path) -> None:
+    # six times slower: even the smallest plan (two decode sizes) does not fit, so the probe
+    # stops when the budget is spent and keeps what it measured, as a stop signal does
+    budget_s = 20.0
+    out = tmp_path / "stop.json"
+    lines: list[str] = []
+    meta = calibrate_endpoint(stub_url, out, model=SLOWING.format(factor=6, tag="stop"),
+                              reps=3, budget_s=budget_s, say=lines.append)
+    steps = _kept_its_budget(meta, budget_s)
+    assert meta["partial"]["stopped_by"] == "budget"
+    assert meta["partial"]["decode_points"] < meta["partial"]["planned_decode_points"]
+    assert any(line.startswith(f"budget: {budget_s:g} s spent") for line in lines), lines
+    assert steps[-1]["start_s"] + steps[-1]["took_s"] >= budget_s
+    assert out.exists() or out.with_suffix(".partial.json").exists()
 
 
 def test_calibrate_writes_the_servers_knobs_as_a_scenario_fragment(profile_path: Path) -> None:

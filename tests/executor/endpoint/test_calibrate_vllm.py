@@ -29,7 +29,13 @@ def test_calibrate_then_compare_on_vllm(vllm_server: Any, tmp_path: Path) -> Non
     meta = calibrate_endpoint(vllm_server.url, out, budget_s=BUDGET_S, reps=3,
                               say=lines.append)
     assert lines[0].startswith("plan (about")
-    assert meta["wall_s"] <= BUDGET_S * 1.25  # the plan's estimate is not a hard stop
+    # the budget is a bound the command keeps (what this machine did, not a margin): no probe
+    # step starts once it is spent, so the wall time is at most the budget plus the last
+    # step's time plus the fit's; on a busy machine work is shed to fit (meta.budget.shed)
+    steps, shed = meta["budget"]["steps"], meta["budget"]["shed"]
+    assert steps and all(s["start_s"] < BUDGET_S for s in steps), steps
+    assert meta["wall_s"] <= BUDGET_S + steps[-1]["took_s"] + meta["budget"]["fit_s"]
+    assert all(e["projected_s"] > e["left_s"] for e in shed), shed
     assert meta["model"] == "tiny-llama"
     assert meta["server"]["block_size"] > 0 and meta["server"]["num_blocks"] > 0
     assert "enable_prefix_caching" in meta["server"]
@@ -39,17 +45,23 @@ def test_calibrate_then_compare_on_vllm(vllm_server: Any, tmp_path: Path) -> Non
     for d in profile.decode_seqs[1:]:
         assert profile.step_s(0, d, d * profile.context_tokens[0]) > 0
     # the server caches prefixes (vLLM's default): the cached-prefix probe ran, every cell's
-    # prefix was found whole, and attending to it costs time
+    # prefix was found whole, and attending to it costs time; unless the budget gave up
+    # every cell of it, before probing (the plan from the first look) or while probing (the
+    # first work shed), which meta.budget says
     assert meta["server"]["enable_prefix_caching"]
-    cached = meta["cached_prefill"]
-    for cell in meta["cached_cells"]:
-        n, k = cell
-        assert cached["hits_tokens"][f"{n},{k}"] == meta["reps"] * k, cell
-    assert cached["fit"]["ms_per_context_pair"] > 0 and cached["fit"]["r2"] > 0.9
-    assert profile.fit["e_ms_per_prefill_context"] > 0
-    n, k = meta["cached_cells"][-1]
-    hit_s = profile.step_s(n, 0, 0, prefill_context=n * k)
-    assert hit_s > profile.step_s(n, 0, 0)
+    if "cached_prefill" not in meta:
+        assert meta["budget"]["plan"]["cached_cells_dropped"] or "partial" in meta or any(
+            e["shed"] == "cached_cells" for e in shed), meta["budget"]
+    else:
+        cached = meta["cached_prefill"]
+        for cell in meta["cached_cells"]:
+            n, k = cell
+            assert cached["hits_tokens"][f"{n},{k}"] == meta["reps"] * k, cell
+        assert cached["fit"]["ms_per_context_pair"] > 0 and cached["fit"]["r2"] > 0.9
+        assert profile.fit["e_ms_per_prefill_context"] > 0
+        n, k = meta["cached_cells"][-1]
+        hit_s = profile.step_s(n, 0, 0, prefill_context=n * k)
+        assert hit_s > profile.step_s(n, 0, 0)
     fragment = yaml.safe_load(out.with_suffix(".scenario.yaml").read_text())
     assert fragment["policy"]["block_size"] == meta["server"]["block_size"]
 
