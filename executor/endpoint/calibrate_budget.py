@@ -6,7 +6,9 @@ one stream's ITL); on a loaded machine the larger decode batches and the extras 
 longer than that look predicts. So every probe step is timed, and before each one the time
 the rest of the plan takes is re-estimated: each remaining step's planned estimate times the
 ratio of measured to estimated time of the steps done so far of its kind (else of its family:
-prefills, with the chunked and cached-prefix probes; decodes, with the mixed check; else 1).
+prefills, with the chunked and cached-prefix probes, which take the longest prefill point's
+ratio, whose estimate is the first look's own measurement; decodes, with the mixed check;
+else 1).
 Where the rest would end past the budget, work is shed in this order, one piece at a time,
 until it fits:
 
@@ -163,6 +165,13 @@ class Keeper:
         family, else 1).
         """
         steps: list[dict[str, Any]] = self.record["steps"]
+        if kind != "prefill" and FAMILY[kind] == "prefill":
+            # a prefill point's estimate leaves out the fixed part of a TTFT (the request's
+            # path, one step), so short prompts read several times their estimate on an idle
+            # server; only the longest point's estimate is the first look itself, and its
+            # ratio is how far the server's speed moved since
+            longest = max((s["tokens"] for s in steps if s["kind"] == "prefill"), default=0)
+            steps = [s for s in steps if s["kind"] != "prefill" or s["tokens"] == longest]
         for same in (lambda k: k == kind, lambda k: FAMILY[k] == FAMILY[kind]):
             done = [s for s in steps if same(s["kind"])]
             if done:
@@ -208,4 +217,5 @@ class Keeper:
         yield
         self.record["steps"].append({"step": name, "kind": kind, "start_s": start,
                                      "estimate_s": estimate,
-                                     "took_s": self.elapsed_s() - start})
+                                     "took_s": self.elapsed_s() - start,
+                                     "tokens": int(arg) if kind == "prefill" else None})
