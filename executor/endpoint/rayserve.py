@@ -142,12 +142,21 @@ class RayServeApp:
             self.proc = subprocess.Popen(
                 [str(self.env.python), str(APP_SCRIPT)], stdout=log, stderr=subprocess.STDOUT,
                 env=self._environ(), start_new_session=True, cwd=str(self.tmp))
+        try:
+            self.started_s = self._wait_started(t0, stall_s, cap_s)
+        except BaseException:  # (Ctrl-C too: no Ray process outlives a start that failed)
+            self.stop()
+            raise
+        return self
+
+    def _wait_started(self, t0: float, stall_s: float, cap_s: float) -> float:
+        """Seconds from ``t0`` until the application answers (see :meth:`start`)."""
+        assert self.proc is not None
         seen, moved_s = self._progress(), t0
         while True:
             now_s = time.monotonic()
             if now_s - t0 >= cap_s or now_s - moved_s >= stall_s:
                 last = venvs.last_log_line(self.log_path)
-                self.stop()
                 why = (f"made no progress for {stall_s:g} s" if now_s - t0 < cap_s
                        else f"was not up within {cap_s:g} s")
                 raise ServerError(f"the Ray Serve application on {self.url} {why}: {last} "
@@ -155,12 +164,10 @@ class RayServeApp:
             if self.proc.poll() is not None:
                 last = venvs.last_log_line(self.log_path)
                 code = self.proc.returncode
-                self.stop()
                 raise ServerError(f"the Ray Serve application exited with code {code} "
                                   f"during start-up: {last} (log: {self.log_path})")
             if self._logged(READY_LINE) and venvs.answers_ok(f"{self.url}/v2/health/ready"):
-                self.started_s = time.monotonic() - t0
-                return self
+                return time.monotonic() - t0
             now = self._progress()
             if now != seen:
                 seen, moved_s = now, time.monotonic()
