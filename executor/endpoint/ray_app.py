@@ -188,6 +188,21 @@ def _poll_replicas(path: str, period_s: float, done: threading.Event) -> None:
             done.wait(max(0.0, period_s - (time.time() - t)))
 
 
+def _start_serve(http_options: dict[str, Any]) -> None:
+    """``serve.start``, waiting on for the HTTP proxy: Ray gives it a fixed 60 s
+    (``HTTP_PROXY_TIMEOUT`` in ``serve/_private/api.py``, no setting) and then raises
+    TimeoutError, while beside CPU hogs the proxy actor took longer to start. The controller
+    and the starting proxy live on; a second ``serve.start`` connects to them. The caller's
+    hang guard (``RayServeApp.start``) bounds the whole.
+    """
+    while True:
+        try:
+            serve.start(http_options=http_options)
+            return
+        except TimeoutError:
+            pass
+
+
 def main() -> None:
     """Start a local Ray, deploy the model on the configured port, wait for SIGTERM."""
     options: dict[str, Any] = {"max_ongoing_requests": int(CFG.get("max_ongoing_requests", 64))}
@@ -201,7 +216,7 @@ def main() -> None:
     ray.init(num_cpus=int(CFG.get("num_cpus", 2)), include_dashboard=False,
              object_store_memory=100_000_000, _temp_dir=CFG.get("temp_dir"),
              configure_logging=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": int(CFG["port"])})
+    _start_serve({"host": "127.0.0.1", "port": int(CFG["port"])})
     app = Model.options(**options).bind(CFG)  # type: ignore[attr-defined]
     serve.run(app, name="servelab", route_prefix="/", blocking=False)
     done = threading.Event()
