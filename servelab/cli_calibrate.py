@@ -75,8 +75,9 @@ def calibrate(
              "heads, MLP width and vocabulary (random weights).")] = None,
     budget_s: Annotated[float | None, typer.Option(
         help="With --model llm: refuse a calibration estimated to take longer than "
-        "this (seconds; default 600) unless --yes. With an LLM --endpoint: the most seconds "
-        "probing may take (default 180).")] = None,
+        "this (seconds; default 600) unless --yes. With an LLM --endpoint: no probe step "
+        "starts after this many seconds (default 180; the last step and the fit may run "
+        "past it).")] = None,
     yes: Annotated[bool, typer.Option(
         "--yes", "-y", help="Run even when the pre-flight estimate exceeds the budget (4 GiB, "
         "10 minutes), or (--model llm) the time estimate exceeds --budget-s.")] = False,

@@ -83,10 +83,10 @@ def calibrate_endpoint(endpoint: str, out: str | Path, *, model: str | None = No
         endpoint: The server's base URL (``http://HOST:PORT``).
         out: The step profile JSON to write.
         model: The served model's name (default: the first ``/v1/models`` lists).
-        budget_s: The most seconds probing may take: the plan is sized to fit it, work is
-            shed as the steps' measured times demand, and no probe step starts once it is
-            spent, so the wall time (``meta.wall_s``) is at most ``budget_s`` plus the last
-            step's time plus the fit's (``meta.budget``; :mod:`.calibrate_budget`).
+        budget_s: The seconds probing may start steps in: the plan is sized to fit it, work
+            is shed as the steps' measured times demand, and no probe step starts once it is
+            spent, so the wall time (``meta.wall_s``) runs past ``budget_s`` by at most the
+            last step and the fit (``meta.budget``; :mod:`.calibrate_budget`).
         reps: Samples per probe point (fewer where the budget needs it; at least 3).
         max_num_seqs: The server's limit where the user knows it (caps the decode grid).
         max_num_batched_tokens: Likewise (caps the prefill grid).
@@ -228,6 +228,8 @@ def _probe(target: probes.Target, grid: dict[str, list[int]], contexts: list[int
         meta["mixed_check"] = _mixed(target, rest, keeper, grid, profile, contexts,
                                      max_num_batched_tokens, itl_one, say)
     info.pop("delta_s", None)
+    # what the probing ended with once the budget shed any (meta.reps: the plan's)
+    keeper.record["reps_final"], keeper.record["small_batch_reps_final"] = rest.reps, rest.small
     meta.update({"method": "endpoint", **info, "wall_s": time.perf_counter() - t_start})
     keeper.record["fit_s"] = meta["wall_s"] - probing_end_s(keeper.record)
     return _save(profile, meta, out, max_num_seqs, max_num_batched_tokens, say, context_s)
@@ -373,9 +375,13 @@ def _write_partial(signame: str, grid: dict[str, list[int]], contexts: list[int]
     """
     done_ctx, seqs = _largest_block(grid["decode_seqs"], contexts, itl)
     kept = {(d, c): itl[(d, c)] for c in done_ctx for d in seqs}
-    partial = {"stopped_by": signame, "prefill_points": len(ttft), "decode_points": len(itl),
+    # (a budget may have shed decode sizes from the grid after some of their cells ran:
+    # those count as measured, not as planned, and stay in decode_itl_s)
+    in_plan = sum(1 for d, _ in itl if d in grid["decode_seqs"])
+    partial = {"stopped_by": signame, "prefill_points": len(ttft), "decode_points": in_plan,
                "planned_prefill_points": len(grid["prefill_tokens"]),
                "planned_decode_points": len(grid["decode_seqs"]) * len(contexts),
+               "decode_points_shed_sizes": len(itl) - in_plan,
                "decode_cells_done": [[d, c] for d, c in itl],
                "decode_itl_s": {f"{d},{c}": v for (d, c), v in itl.items()}}
     if len(ttft) < 2 or len(kept) < 2:

@@ -165,11 +165,12 @@ class Keeper:
         family, else 1).
         """
         steps: list[dict[str, Any]] = self.record["steps"]
-        if kind != "prefill" and FAMILY[kind] == "prefill":
+        if FAMILY[kind] == "prefill":
             # a prefill point's estimate leaves out the fixed part of a TTFT (the request's
             # path, one step), so short prompts read several times their estimate on an idle
             # server; only the longest point's estimate is the first look itself, and its
-            # ratio is how far the server's speed moved since
+            # ratio is how far the server's speed moved since (the points run shortest
+            # first, so until the longest, the longest done so far)
             longest = max((s["tokens"] for s in steps if s["kind"] == "prefill"), default=0)
             steps = [s for s in steps if s["kind"] != "prefill" or s["tokens"] == longest]
         for same in (lambda k: k == kind, lambda k: FAMILY[k] == FAMILY[kind]):
@@ -188,7 +189,8 @@ class Keeper:
         """Shed work (:func:`shed_one`) until the rest is expected to end within the
         budget, or nothing is left to shed; say each piece shed and why.
         """
-        while (need := self.projected_s(rest)) > (left := self.budget_s - self.elapsed_s()):
+        while (need_s := self.projected_s(rest)) > (
+                left_s := self.budget_s - self.elapsed_s()):
             shed = shed_one(rest, decode_seqs)
             if shed is None:
                 return
@@ -196,9 +198,10 @@ class Keeper:
             ratios = {k: round(self.ratio(k), 3) for k in ("prefill", "decode")}
             self.record["shed"].append({"shed": kind, "what": what,
                                         "at_s": round(self.elapsed_s(), 3),
-                                        "projected_s": round(need, 3),
-                                        "left_s": round(left, 3), "ratios": ratios})
-            self.say(f"budget: the rest would take about {need:.0f} s of {max(left, 0):.0f} "
+                                        "projected_s": need_s, "left_s": left_s,
+                                        "ratios": ratios})
+            self.say(f"budget: the rest would take about {need_s:.0f} s of "
+                     f"{max(left_s, 0):.0f} "
                      f"s left (steps so far took {ratios['prefill']:.2f} × (prefill), "
                      f"{ratios['decode']:.2f} × (decode) their estimates): shedding {what}")
 
@@ -211,6 +214,7 @@ class Keeper:
         """
         start = self.elapsed_s()
         if start >= self.budget_s:
+            self.record["stopped_at_s"] = start
             self.say(f"budget: {self.budget_s:g} s spent before {name}; stopping")
             raise ProbingStopped("budget")
         estimate = step_estimate_s(kind, rest, self.speeds, arg)

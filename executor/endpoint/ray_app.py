@@ -189,18 +189,20 @@ def _poll_replicas(path: str, period_s: float, done: threading.Event) -> None:
 
 
 def _start_serve(http_options: dict[str, Any]) -> None:
-    """``serve.start``, waiting on for the HTTP proxy: Ray gives it a fixed 60 s
-    (``HTTP_PROXY_TIMEOUT`` in ``serve/_private/api.py``, no setting) and then raises
-    TimeoutError, while beside CPU hogs the proxy actor took longer to start. The controller
-    and the starting proxy live on; a second ``serve.start`` connects to them. The caller's
-    hang guard (``RayServeApp.start``) bounds the whole.
+    """``serve.start``, surviving Ray's fixed 60 s wait for the HTTP proxy
+    (``HTTP_PROXY_TIMEOUT`` in ``serve/_private/api.py``, no setting; it then raises
+    TimeoutError), which beside CPU hogs the proxy actor overran. The controller and the
+    starting proxy live on, and a second ``serve.start`` connects to the running controller
+    without waiting for the proxy again: the wait for it is the caller's
+    (``RayServeApp.start`` polls the application's health route under its hang guard).
     """
-    while True:
-        try:
-            serve.start(http_options=http_options)
-            return
-        except TimeoutError:
-            pass
+    try:
+        serve.start(http_options=http_options)
+    except TimeoutError:
+        print("servelab: Ray's HTTP proxy was not up within Ray's 60 s; connecting to the "
+              "controller again (the health route is polled until the proxy answers)",
+              flush=True)
+        serve.start(http_options=http_options)
 
 
 def main() -> None:

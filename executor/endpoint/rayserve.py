@@ -189,7 +189,7 @@ class RayServeApp:
         if self.tmp is not None:
             sizes += sorted(_size(f) for f in self.tmp.glob("session_*/logs/serve/replica_*"))
         cpu_s = sum(cpu for cmd, cpu in _session_processes(self.proc)
-                    if cmd.startswith(("ray::ServeReplica", "ray::IDLE")))
+                    if cmd.startswith(("ray::ServeReplica", "ray::ProxyActor", "ray::IDLE")))
         return (*sizes, int(cpu_s))
 
     def _logged(self, line: str) -> bool:
@@ -205,20 +205,27 @@ class RayServeApp:
         process group after ``grace_s``.
         """
         proc = self.proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(grace_s)
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-            _kill_session(proc.pid)  # Ray's actors run in process groups of their own
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
+        try:
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(grace_s)
+        finally:  # (a second Ctrl-C during the grace still kills and cleans up)
+            if proc is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10)
+                # Ray's actors run in process groups of their own; a worker forked during
+                # one pass is caught by the next
+                for _ in range(5):
+                    if not _kill_session(proc.pid):
+                        break
+                    time.sleep(0.2)
+            if self.tmp is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                self.tmp = None
 
     def __enter__(self) -> RayServeApp:
         return self.start() if self.proc is None else self
@@ -274,10 +281,13 @@ def _session_pids(sid: int) -> list[str]:
     return pids
 
 
-def _kill_session(sid: int) -> None:
+def _kill_session(sid: int) -> int:
     """SIGKILL every process left in session ``sid`` (Ray's actors and idle workers sit
-    in process groups of their own, out of reach of the application's ``killpg``).
+    in process groups of their own, out of reach of the application's ``killpg``); return
+    how many were found.
     """
-    for pid in _session_pids(sid):
+    pids = _session_pids(sid)
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(int(pid), signal.SIGKILL)
+    return len(pids)

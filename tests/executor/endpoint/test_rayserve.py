@@ -203,6 +203,7 @@ def _settled_logs(url: str, path: str, key: str, replicas: int,
         try:
             data = _get(f"{url}/{path}")
         except (TimeoutError, urllib.error.URLError):
+            time.sleep(0.5)  # (a refused connection fails at once: no busy loop)
             continue
         pid, entries = int(data["replica"]), data[key]
         if logs.get(pid) == entries:
@@ -235,6 +236,8 @@ def _replica_lateness_ms(batches: list[Any], requests: list[Any], max_batch: int
         size, start, end = ends[k]
         mine = sorted(parsed[k])
         due = mine[-1] if size >= max_batch else mine[0] + window_s
+        if k > 0:  # a batch waiting behind the one before is queueing, not lateness
+            due = max(due, ends[k - 1][2])
         out.append(1e3 * ((r[2] - r[1]) + max(0.0, start - due) + (r[3] - end)))
     return out
 
