@@ -116,11 +116,11 @@ class RayServeApp:
                # machine start-up takes longer, and serve.start fails with ActorDiedError
                "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
                # Ray starts its workers (the Serve controller, the proxy, every replica) at
-               # nice 15 (RayConfig worker_niceness): beside two CPU hogs a replica then got
-               # ~1% of a core. Kept at Ray's default: at 0 the MiniLM compare test's burst
-               # calibration misread the busy time once (4 ms against ~20); pass
-               # environ={"RAY_worker_niceness": "0"} to share the cores evenly
-               **self.environ}
+               # nice 15 (RayConfig worker_niceness): beside anything at nice 0, two CPU hogs
+               # or the bench client itself, a replica then gets ~1-3% of a core (MiniLM's
+               # took 11 minutes to import torch beside two hogs). At 0 they share the cores
+               # as a server process of their own would
+               "RAY_worker_niceness": "0", **self.environ}
         for name in ("PYTHONPATH", "RAY_ADDRESS"):  # servelab's path must not shadow Ray's
             out.pop(name, None)
         return out

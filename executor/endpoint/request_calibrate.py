@@ -48,6 +48,7 @@ from sim.metrics.rundir import versions
 from sim.scenario.payload import PayloadCfg
 
 SPLIT_FLAG = 0.5  # a burst's latency spread above this share of its median: probably split
+CLAMP_SHARE = 0.9  # the most of a size's median taken as outside time (the rest is busy)
 
 
 def _bursts(url: str, api: str, payload: PayloadCfg, plan: Sequence[tuple[float, int]],
@@ -253,12 +254,21 @@ def _measure(url: str, api: str, payload: PayloadCfg, order: list[int], reps: in
             say(f"stopped by {stop.signame} while separating the request overhead: the "
                 "profile keeps the bursts' latencies uncorrected")
     if "sizes" in overhead:  # measured (not skipped, not stopped)
+        clamped = []
         for n in order:  # each size's samples shifted to its measured busy time
             busy = overhead["sizes"].get(str(n))
             shift_s = (medians[n] - busy["busy_ms"] / 1e3 if busy else
                        overhead["request_ms"] / 1e3)
-            shift_s = min(max(shift_s, 0.0), 0.9 * medians[n])
+            if shift_s > CLAMP_SHARE * medians[n]:
+                clamped.append(n)
+            shift_s = min(max(shift_s, 0.0), CLAMP_SHARE * medians[n])
             samples[n] = [max(x - shift_s, 1e-6) for x in samples[n]]
+        overhead["clamped_sizes"] = clamped
+        if clamped:
+            say(f"  warning: the outside time exceeds {CLAMP_SHARE:.0%} of the latency at "
+                f"sizes {clamped}; their busy time is set to {1 - CLAMP_SHARE:.0%} of it, "
+                "a guess: the outside path of a full burst is not a lone request's (a "
+                "busy machine); use single_request_ms for a lone request's latency")
         say(f"  request overhead outside the replica: {overhead['request_ms']:.2f} ms "
             f"(paired bursts of {overhead['from_size']}); busy ms by size: " + ", ".join(
                 f"{n}: {v['busy_ms']:.1f} ({v['queued_pairs']}/{reps} pairs queued)"

@@ -50,7 +50,7 @@ def test_calibrate_separates_the_path_outside_the_replica(stub_url: str) -> None
     # the outside delay is a sleep (never shorter than asked) plus the stub's HTTP path;
     # the busy time a sleep too: each at least what was asked, and the busy time no longer
     # than asked plus a loaded event loop's lateness (the outside time takes the rest)
-    assert over["request_ms"] >= OUTSIDE_MS * 0.95
+    assert over["request_ms"] >= OUTSIDE_MS * 0.95 and over["clamped_sizes"] == []
     for n in (1, 4):
         busy_ms = prof.median_s(n) * 1e3
         asked_ms = BASE_MS + PER_ITEM_MS * n
@@ -65,6 +65,30 @@ def test_calibrate_separates_the_path_outside_the_replica(stub_url: str) -> None
     assert "overheads" not in profile_service(lumped, "p.json")
 
 
+def test_an_outside_time_near_the_whole_latency_is_clamped_and_said(
+        stub_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outside time (measured on full bursts) above 90% of a size's latency leaves that
+    size 10% of its median as busy time, flagged in meta and said, never a busy time <= 0.
+    """
+    from executor.endpoint import request_calibrate
+
+    def huge(*args: object, **kwargs: object) -> dict[str, object]:
+        return {"request_ms": 1e4, "from_size": 4, "sizes": {}, "not_paired": [1, 4],
+                "pairs": 2, "method": "test"}
+
+    monkeypatch.setattr(request_calibrate, "request_overhead", huge)
+    lines: list[str] = []
+    prof = calibrate_endpoint(stub_url, api="kserve-v2", sizes=[1, 4], reps=3,
+                              model=stub_model("clamp"), window_ms=0, server_max_batch=4,
+                              say=lines.append)
+    over = prof.meta["endpoint"]["request_overhead"]
+    assert over["clamped_sizes"] == [1, 4]
+    assert any("warning: the outside time exceeds 90%" in line for line in lines), lines
+    for n in (1, 4):  # a tenth of what the bursts took (at least the stub's sleeps)
+        assert 0.1 * (BASE_MS + PER_ITEM_MS * n + OUTSIDE_MS) * 0.95 <= (
+            prof.median_s(n) * 1e3), n
+
+
 def test_calibrate_separates_the_outside_path_with_a_long_window(stub_url: str) -> None:
     """A 100 ms window, longer than any batch (25 to 60 ms): bursts of 1 and 2 wait it even
     on an idle replica, so a second burst never queues behind the first; only the full
@@ -77,7 +101,7 @@ def test_calibrate_separates_the_outside_path_with_a_long_window(stub_url: str) 
     over = prof.meta["endpoint"]["request_overhead"]
     assert over["not_paired"] == [1, 2] and set(over["sizes"]) == {"8"}
     assert over["sizes"]["8"]["queued_pairs"] >= 4 and over["from_size"] == 8
-    assert over["request_ms"] >= OUTSIDE_MS * 0.95
+    assert over["request_ms"] >= OUTSIDE_MS * 0.95 and over["clamped_sizes"] == []
     # a full burst's outside time also holds its requests' spread in reaching the batcher
     # (the batch starts with the last); a lone request's busy time reads that much short
     spread_ms = prof.meta["endpoint"]["bursts"]["8"]["send_spread_max_ms"]
