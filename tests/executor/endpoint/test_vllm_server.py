@@ -37,14 +37,16 @@ def test_bench_counts_tokens_and_matches_the_servers_own_metrics(vllm_server: An
     config = result.meta["server_config"]
     assert config["block_size"] > 0 and config["num_blocks"] > 0
     # the server's own histograms over the same requests (the snapshot before the run is
-    # taken after the preflight request): its TTFT starts when it has received a request,
-    # ours before we send it, so ours is longer, and not by more than the client + HTTP path
-    # costs on a busy 2-core machine
+    # taken after the preflight request): its TTFT runs from the API server's arrival stamp
+    # to the iteration stamp of the output processor that handles the first token (both in
+    # the API server: vllm/v1/metrics/stats.py, IterationStats), ours from before we send to
+    # after we read that token, so ours is at least its mean, exactly; and longer by no more
+    # than the client + HTTP path costs on a busy 2-core machine
     served = _delta(result, "time_to_first_token_seconds_count")
     assert served == 6
     server_ttft_ms = _delta(result, "time_to_first_token_seconds_sum") / served * 1e3
     ours = (req["first_token_s"] - req["arrival_s"]).to_numpy() * 1e3
-    assert ours.mean() >= server_ttft_ms * 0.9
+    assert ours.mean() >= server_ttft_ms, (ours.mean(), server_ttft_ms)
     assert ours.mean() <= server_ttft_ms + 250.0
     # the server's inter-token latency is per token; ours per chunk (vllm bench serve's), and
     # a busy API server sends several tokens in one chunk: compare the per-token mean gap
