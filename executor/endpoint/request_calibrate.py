@@ -253,6 +253,19 @@ def _measure(url: str, api: str, payload: PayloadCfg, order: list[int], reps: in
                        "bursts_done": len(groups), "bursts_planned": len(sequence)}
             say(f"stopped by {stop.signame} while separating the request overhead: the "
                 "profile keeps the bursts' latencies uncorrected")
+    smallest = order[0]
+    if ("sizes" in overhead and str(smallest) not in overhead["sizes"]
+            and overhead["request_ms"] / 1e3 > CLAMP_SHARE * medians[smallest]):
+        # the outside time of a full burst would leave a lone request almost no busy time:
+        # it is not a lone request's, and applied to every request it would overstate each
+        # latency by the difference; keep the outside path in the busy times instead
+        say(f"  warning: the outside time measured on bursts of {overhead['from_size']} "
+            f"({overhead['request_ms']:.1f} ms) exceeds {CLAMP_SHARE:.0%} of a burst of "
+            f"{smallest}'s latency ({medians[smallest] * 1e3:.1f} ms); not separated: the "
+            "profile keeps the path outside the replica as busy time")
+        overhead = {"request_ms": 0.0, "refused": overhead,
+                    "method": f"none: the outside time of bursts of {overhead['from_size']} "
+                              f"exceeds {CLAMP_SHARE:.0%} of size {smallest}'s latency"}
     if "sizes" in overhead:  # measured (not skipped, not stopped)
         clamped = []
         for n in order:  # each size's samples shifted to its measured busy time

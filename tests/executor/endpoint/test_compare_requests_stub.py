@@ -65,28 +65,39 @@ def test_calibrate_separates_the_path_outside_the_replica(stub_url: str) -> None
     assert "overheads" not in profile_service(lumped, "p.json")
 
 
-def test_an_outside_time_near_the_whole_latency_is_clamped_and_said(
-        stub_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An outside time (measured on full bursts) above 90% of a size's latency leaves that
-    size 10% of its median as busy time, flagged in meta and said, never a busy time <= 0.
+@pytest.mark.parametrize("paired", [False, True])
+def test_an_outside_time_near_the_whole_latency_is_refused_or_clamped_and_said(
+        stub_url: str, monkeypatch: pytest.MonkeyPatch, paired: bool) -> None:
+    """An outside time (measured on full bursts) above 90% of the smallest size's latency:
+    where that size has no busy time of its own the split is refused (the outside path stays
+    in the busy times, request_ms 0); where it has one, each such size keeps 10% of its
+    median as busy time, flagged and said; never a busy time <= 0.
     """
     from executor.endpoint import request_calibrate
 
     def huge(*args: object, **kwargs: object) -> dict[str, object]:
-        return {"request_ms": 1e4, "from_size": 4, "sizes": {}, "not_paired": [1, 4],
-                "pairs": 2, "method": "test"}
+        sizes = {"1": {"busy_ms": 0.01, "outside_ms": 1e4, "queued_pairs": 3}} if paired else {}
+        return {"request_ms": 1e4, "from_size": 4, "sizes": sizes,
+                "not_paired": [4] if paired else [1, 4], "pairs": 3, "method": "test"}
 
     monkeypatch.setattr(request_calibrate, "request_overhead", huge)
     lines: list[str] = []
     prof = calibrate_endpoint(stub_url, api="kserve-v2", sizes=[1, 4], reps=3,
-                              model=stub_model("clamp"), window_ms=0, server_max_batch=4,
-                              say=lines.append)
+                              model=stub_model(f"clamp{paired}"), window_ms=0,
+                              server_max_batch=4, say=lines.append)
     over = prof.meta["endpoint"]["request_overhead"]
-    assert over["clamped_sizes"] == [1, 4]
-    assert any("warning: the outside time exceeds 90%" in line for line in lines), lines
-    for n in (1, 4):  # a tenth of what the bursts took (at least the stub's sleeps)
-        assert 0.1 * (BASE_MS + PER_ITEM_MS * n + OUTSIDE_MS) * 0.95 <= (
-            prof.median_s(n) * 1e3), n
+    if paired:
+        assert over["clamped_sizes"] == [1, 4]
+        assert any("warning: the outside time exceeds 90%" in line for line in lines), lines
+        for n in (1, 4):  # a tenth of what the bursts took (at least the stub's sleeps)
+            assert 0.1 * (BASE_MS + PER_ITEM_MS * n + OUTSIDE_MS) * 0.95 <= (
+                prof.median_s(n) * 1e3), n
+    else:
+        assert over["request_ms"] == 0.0 and over["refused"]["request_ms"] == 1e4
+        assert any("not separated" in line for line in lines), lines
+        assert "overheads" not in profile_service(prof, "p.json")
+        for n in (1, 4):  # the whole burst latency: the stub's sleeps and its outside delay
+            assert prof.median_s(n) * 1e3 >= (BASE_MS + PER_ITEM_MS * n + OUTSIDE_MS) * 0.95
 
 
 def test_calibrate_separates_the_outside_path_with_a_long_window(stub_url: str) -> None:
