@@ -147,8 +147,8 @@ def test_compare_endpoint_predicts_ray_serve_around_probes(ray_minilm: Any,
     path = profile.save(tmp_path / "ray.json")
     # the load from a lone request's whole latency (window subtracted), as the test above:
     # the profile's batch-1 busy time is that less the outside time of a full burst, which on
-    # a busy machine can be most of it (the calibration clamps and flags that), and a rate
-    # sized from it would overload the replica
+    # a busy machine can be most of it (the calibration then refuses the split or clamps it,
+    # and says so), and a rate sized from it would overload the replica
     s1 = profile.meta["endpoint"]["single_request_ms"] / 1e3
     scenario = {"name": "ray-compare", "seed": 6, "service": {"kind": "constant", "ms": 1},
                 "workload": {"kind": "poisson", "rate_rps": round(0.3 / s1, 2),
