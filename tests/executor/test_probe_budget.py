@@ -61,12 +61,16 @@ def start_up_s(runner: SleepRunner) -> float:
 @pytest.mark.parametrize("budget_s", [0.6, 1.5])
 def test_probe_keeps_to_its_budget(runner: SleepRunner, cold: bool, budget_s: float) -> None:
     prof = make_profile(cold)
-    slack_s = start_up_s(runner)  # this machine's live-run start-up, measured now
+    before_s = start_up_s(runner)  # this machine's live-run start-up, measured now
     result = probe(runner, prof, SIZES, budget_s=budget_s)
-    # within the budget, give or take one live run's start-up measured in this same test
-    # (the plan's estimate of it comes from the probe's first timing; a loaded machine
-    # varies it between the two)
-    assert result.wall_s <= budget_s + max(slack_s, 0.05), (result.wall_s, slack_s)
+    after_s = start_up_s(runner)  # and again once the probe is done
+    # within the budget, give or take one live run's start-up measured in this same test,
+    # just before and just after the probe (the plan's estimate of it comes from the
+    # probe's first timing; a loaded machine varies it between the two: the larger of
+    # the two measurements brackets it). A plan that left the start-up out overruns by
+    # one per size run (5 sizes)
+    assert result.wall_s <= budget_s + max(before_s, after_s), (result.wall_s, before_s,
+                                                                 after_s)
     # and it used the budget: the smallest size ran (it always does: the size a light load
     # dispatches most; each size has its own scale, the sizes left out the nearest one's)
     assert min(SIZES) in result.model_median_s
