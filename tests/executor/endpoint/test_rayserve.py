@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import sim
+from calibration.profile import LatencyProfile
 from executor.endpoint.compare_requests import compare_request_endpoint
 from executor.endpoint.request_bench import bench_requests
 from executor.endpoint.request_calibrate import calibrate_endpoint, profile_service
@@ -105,26 +106,66 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
                 "policy": {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 5,
                            "timer": "first"},
                 "warmup_s": 1, "payload": PAYLOAD}
-    seen = len(_get(f"{url}/servelab/batches")["batches"])
+    seen_batches = len(_get(f"{url}/servelab/batches")["batches"])
+    seen_requests = len(_get(f"{url}/servelab/requests")["requests"])
     measured = bench_requests(scenario, url, api="kserve-v2")
-    ray_batches = np.array([b[0] for b in _get(f"{url}/servelab/batches")["batches"][seen:]])
-    predicted = sim.run(scenario)
+    (batch_log,) = _settled_logs(url, "servelab/batches", "batches", replicas=1).values()
+    (request_log,) = _settled_logs(url, "servelab/requests", "requests", replicas=1).values()
+    batches, held = batch_log[seen_batches:], request_log[seen_requests:]
+    ray_batches = np.array([b[0] for b in batches])
     assert measured.summary["failed"] == 0 and measured.summary["in_flight"] == 0
     assert ray_batches.max() <= 8
+    # MiniLM's busy time on this run's CPU (two hogs beside it slow it by an amount no
+    # calibration taken earlier knows): the replica's own batch durations by size, as the
+    # profile servelab predicts with (a size Ray never ran is interpolated); how well a
+    # calibration taken beforehand predicts is benchmarks/fidelity_rayserve.py's question,
+    # asked on a quiet machine
+    took: dict[int, list[float]] = {}
+    for size, start, end in batches:
+        took.setdefault(int(size), []).append(end - start)
+    run_profile = LatencyProfile(samples_s={n: np.asarray(v) for n, v in took.items()},
+                                 model={"name": "ray-minilm, this run's batches"},
+                                 device={"kind": "endpoint"}, extrapolate=True)
+    run_path = run_profile.save(tmp_path / "ray-run.json")
+    predicted = sim.run(scenario, {"service": {"kind": "profile", "path": str(run_path)}})
     ok = measured.requests[(measured.requests["status"] == "ok")
                            & (measured.requests["arrival_s"] >= 1)]
     lat_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
-    se_ms = float(lat_ms.std(ddof=1) / math.sqrt(lat_ms.size))
-    got, want = float(lat_ms.mean()), predicted.summary["latency_ms"]["mean"]
-    # 4 sigma of the measured mean, the calibration's own uncertainty at batch 1 (its spread
-    # over the bursts, 4 standard errors), and the overhead's split measured with a 100 ms
-    # window (only full bursts of 8 queue behind each other, so the overhead outside the
-    # replica is the one a full burst sees; a lone request's differs: see
-    # benchmarks/results/fidelity_rayserve.md for the split at the scenario's window)
-    s1_se_ms = 1e3 * float(np.std(profile.samples_s[1], ddof=1)
-                           / math.sqrt(profile.samples_s[1].size))
-    tolerance = 4 * se_ms + 4 * s1_se_ms + 0.35 * got
-    assert abs(got - want) <= tolerance, (got, want, tolerance)
+    # the path outside the replica (proxy, router, client), per request of this bench: its
+    # latency less the time the replica held it (the replica's request log)
+    held_ms = {str(r[0]): (r[3] - r[1]) * 1e3 for r in held}
+    ids = [str(i) for i in ok["id"]]
+    assert all(i in held_ms for i in ids)  # every answered request is in the replica's log
+    replica_ms = np.array([held_ms[i] for i in ids])
+    outside_ms = lat_ms - replica_ms
+    assert outside_ms.min() > 0  # the client saw each request longer than the replica held it
+    got = float(lat_ms.mean())
+    want = predicted.summary["latency_ms"]["mean"] + float(outside_ms.mean())
+    # inside the replica, what servelab's batcher does not do: its event loop's lateness
+    # (parsing a request, firing the 5 ms timer, answering after the batch), per request
+    wanted = set(ids)
+    late_ms = np.array([late for r, late in zip(
+        held, _replica_lateness_ms(batches, held, 8, 0.005), strict=True)
+        if str(r[0]) in wanted])
+    assert not np.isnan(late_ms).any()  # every request answered after a batch it rode
+    # got - want is the replica's mean holding time less servelab's predicted latency (the
+    # outside path cancels per request): within 4 standard errors of each mean (the
+    # simulator draws its own service times from the run's), plus, above, the replica's
+    # mean lateness in this run. A batcher servelab models wrongly (a timer from the last
+    # request, a queue served out of order, batches not closed while one runs) moves the
+    # mean by a window (5 ms) or a batch's busy time (about 20 ms) or more
+    sim_ok = predicted.requests[(predicted.requests["status"] == "ok")
+                                & (predicted.requests["arrival_s"] >= 1)]
+    sim_ms = (sim_ok["finish_s"] - sim_ok["arrival_s"]).to_numpy() * 1e3
+    se_ms = math.hypot(float(replica_ms.std(ddof=1) / math.sqrt(replica_ms.size)),
+                       float(sim_ms.std(ddof=1) / math.sqrt(sim_ms.size)))
+    tolerance = 4 * se_ms
+    print(f"ray-minilm: latency {got:.1f} ms, predicted {want:.1f} ms (outside path "
+          f"{outside_ms.mean():.1f} ms), replica lateness {late_ms.mean():.1f} ms, "
+          f"tolerance {tolerance:.1f} ms; batch {ray_batches.mean():.2f} vs "
+          f"{predicted.summary['mean_batch_size']:.2f}")
+    assert -tolerance <= got - want <= tolerance + float(late_ms.mean()), (
+        got, want, tolerance, float(outside_ms.mean()), float(late_ms.mean()))
     assert abs(ray_batches.mean() - predicted.summary["mean_batch_size"]) <= 0.5, (
         ray_batches.mean(), predicted.summary["mean_batch_size"])
 
