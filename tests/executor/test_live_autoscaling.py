@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,34 +44,57 @@ def scenario(tmp_path: Path, **model: Any) -> dict[str, Any]:
 
 
 def sleeping_loader(replica: int) -> tuple[SleepRunner, dict[str, float]]:
+    begin = time.perf_counter()
     precise_sleep(COLD_S)  # the stand-in's cold start
+    LOADS.append((replica, begin, time.perf_counter()))
     return SleepRunner(linear_s), {"build_s": COLD_S, "first_forward_s": 0.0,
                                    "total_s": COLD_S}
+
+
+LOADS: list[tuple[int, float, float]] = []  # sleeping_loader's calls: replica, begin, end
 
 
 def test_live_scales_up_and_down_like_the_simulator(tmp_path) -> None:
     cfg = scenario(tmp_path)
     predicted = sim.run(cfg)
-    measured = live(cfg, runners=[SleepRunner(linear_s)], loader=sleeping_loader)
+    drivers: list[Any] = []
+    LOADS.clear()
+    measured = live(cfg, runners=[SleepRunner(linear_s)], loader=sleeping_loader,
+                    on_driver=drivers.append)
     s, p = measured.summary, predicted.summary
     assert s["ok"] == len(measured.requests) == p["ok"]  # nothing lost
-    ev, pev = measured.fleet_events, predicted.fleet_events
+    ev = measured.fleet_events
     launches = ev[ev["event"] == "launch"]
     assert len(launches) >= 1 and (ev["event"] == "stop").sum() >= 1  # up, then down
     # the same decisions, up to one launch: a few ms of timer lateness at a control period
     # can tip the decision after the burst (seen once in CI)
     assert abs(s["cold_starts"] - p["cold_starts"]) <= 1
-    # the first scale-up comes at the simulator's time (control ticks and the decision rule
-    # are the same objects; live adds timer lateness of a few ms)
-    first_live = float(launches["time_s"].min())
-    first_sim = float(pev.loc[pev["event"] == "launch", "time_s"].min())
-    assert abs(first_live - first_sim) <= 0.1 + 1e-9
     for r, group in measured.batches.groupby("replica"):
         ready = ev.loc[(ev["replica"] == r) & (ev["event"] == "ready"), "time_s"].min()
         assert (group["start_s"] >= ready - 1e-9).all()  # never before its model loaded
-    # the measured cold start: launch to ready took the loader's time plus the hand-off
-    assert s["cold_start_s"]["p50"] == pytest.approx(COLD_S, abs=0.05)
-    assert len(measured.meta["cold_starts_measured_s"]) == s["cold_starts"]
+    # the measured cold start is launch to ready: the loader ran after the launch decision,
+    # took at least COLD_S (a sleep never ends early), and the replica was ready when it
+    # returned, stamped on the worker late by at most the worst lateness this run measured
+    # for a thread to go on (a wait, a batch end taken in, a hand-off). A ready stamped when
+    # the loop took it in at a later control tick, or a launch stamped at another time than
+    # the decision, shows here
+    health = s["executor_health"]
+    late_s = float(np.nanmax([health["loop_lateness_ms"]["max"],
+                              health["notice_lateness_ms"]["max"]])) / 1e3
+    thread_late_s = max(late_s, float(np.nan_to_num(health["handoff_ms"]["max"])) / 1e3)
+    start_perf = drivers[0].start_perf
+    assert len(measured.meta["cold_starts_measured_s"]) == s["cold_starts"] == len(LOADS)
+    for replica, begin, end in LOADS:
+        mine = ev[ev["replica"] == replica]
+        launch_s = float(mine.loc[(mine["event"] == "launch")
+                                  & (mine["time_s"] <= begin - start_perf + 1e-9),
+                                  "time_s"].max())
+        ready_s = float(mine.loc[(mine["event"] == "ready")
+                                 & (mine["time_s"] >= launch_s), "time_s"].min())
+        assert end - begin >= COLD_S
+        assert begin - start_perf >= launch_s - 1e-9, (replica, launch_s)
+        assert 0 <= ready_s - (end - start_perf) <= thread_late_s, (replica, ready_s)
+    assert s["cold_start_s"]["p50"] >= COLD_S
     # replica-seconds, against the simulator replaying this run's own batch times (a busy
     # machine's oversleeps then show on both sides). Launches and stops are decided on control
     # ticks: the loop's lateness in this run (a few ms at most) can move a threshold crossing
@@ -79,11 +103,15 @@ def test_live_scales_up_and_down_like_the_simulator(tmp_path) -> None:
     took_s = (measured.batches["finish_s"] - measured.batches["start_s"]).to_numpy()
     replayed = sim.run(cfg, service=lambda model: ReplayService(
         took_s, model, replicas=measured.batches["replica"].to_numpy()))
-    health = s["executor_health"]
-    late_s = float(np.nanmax([health["loop_lateness_ms"]["max"],
-                              health["notice_lateness_ms"]["max"]])) / 1e3
     tick_s = cfg["autoscaling"]["control_period_s"] + late_s
-    matched, unmatched_s = _pair_fleet_events(ev, replayed.fleet_events, s["window_s"])
+    # the first scale-up among them: control ticks and the decision rule are the same
+    # objects, so it comes within one tick of the simulator's (a live control loop on
+    # another period or phase moves it by more)
+    rev = replayed.fleet_events
+    first_live = float(launches["time_s"].min())
+    first_sim = float(rev.loc[rev["event"] == "launch", "time_s"].min())
+    assert abs(first_live - first_sim) <= tick_s + 1e-9, (first_live, first_sim, tick_s)
+    matched, unmatched_s = _pair_fleet_events(ev, rev, s["window_s"])
     for live_s, sim_s in matched:
         assert abs(live_s - sim_s) <= tick_s + 1e-9, (live_s, sim_s, tick_s)
     allowed_s = (len(matched) * tick_s + unmatched_s + cfg["autoscaling"]["max_replicas"]
@@ -153,10 +181,21 @@ def test_a_big_heap_does_not_pause_the_live_clock(tmp_path) -> None:
     cfg = scenario(tmp_path)
     try:
         predicted = sim.run(cfg)
+        t0 = time.perf_counter()
+        gc.collect()  # the pause a full collection of this heap takes on this machine now
+        pause_s = time.perf_counter() - t0
         measured = live(cfg, runners=[SleepRunner(linear_s)], loader=sleeping_loader)
     finally:
         del heap
         gc.collect()
+    # a collection of the heap inside the run holds every thread for the whole pause: the
+    # loop's step (or the wait, the hand-off, the batch end, the arrival) it lands in is
+    # late by about that much. The run's worst such delay stays under half of it (the other
+    # half is room for the machine's own lateness)
     health = measured.summary["executor_health"]
-    assert health["arrival_lateness_ms"]["max"] < 100
-    assert measured.summary["cold_starts"] == predicted.summary["cold_starts"]
+    late_ms = float(np.nanmax([series["max"] for series in health.values()]))
+    assert late_ms < pause_s / 2 * 1e3, (late_ms, pause_s, health)
+    # the same decisions as the simulator, up to the one launch a tick's lateness can tip
+    # (as in test_live_scales_up_and_down_like_the_simulator); the pause's extra replica is
+    # the lateness above
+    assert abs(measured.summary["cold_starts"] - predicted.summary["cold_starts"]) <= 1
