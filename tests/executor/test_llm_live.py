@@ -193,27 +193,29 @@ def test_the_replay_stand_in_reproduces_the_simulator_up_to_the_engines_overhead
     b = replayed.requests.set_index("id")
     assert (a["output_tokens"] == b["output_tokens"]).all()
     # the same schedule and step times, but a busy machine oversleeps every step and slows
-    # the engine between steps: measure this run's pace, the median period of decode-only
-    # steps (start to the next start), against the simulated one
-    live_period, sim_period = _decode_period_s(replayed.steps), _decode_period_s(simulated.steps)
-    assert live_period >= sim_period * 0.99  # a sleep is never shorter than asked
-    excess_s = live_period - sim_period
-    # TTFT: within the engine's overhead (well under 2 ms per step here) plus the step in
-    # progress and the prefill step, each slower by this run's excess
-    ttft_sim = (a["first_token_s"] - a["arrival_s"]).median()
-    ttft_live = (b["first_token_s"] - b["arrival_s"]).median()
-    assert ttft_live == pytest.approx(ttft_sim, abs=0.003 + 2 * excess_s)
-    # TPOT: a request's TPOT is the mean of its token intervals, each one step period (start
-    # to next start: the sleep, its oversleep, and the engine's gap before the next step), so
-    # it carries every stall of the busy machine, which the median period above does not show
-    # (two CPU hogs: median period 2.5 ms, mean 3.4 ms, live TPOT p50 3.4 ms). Compare the
-    # like quantity: simulate again with this run's own step periods replayed in start order.
-    # Same arrivals, same scheduler, same pace: the two TPOT p50s differ by what the scheduling
-    # does differently (a request left out of steps, tokens stamped elsewhere, a different
-    # composition), within three standard errors of the difference of the two p50s (a paired
-    # bootstrap over requests; the late first step shifts some requests' steps)
+    # the engine between steps (two CPU hogs: median period 2.5 ms, mean 3.4 ms, live TPOT
+    # p50 3.4 ms). Compare like quantities: simulate again with this run's own step periods
+    # (start to the next start) replayed in start order. Same arrivals, same scheduler, same
+    # pace: the two p50s differ by what the scheduling does differently (a request left out
+    # of steps, tokens stamped elsewhere, a different composition), within three standard
+    # errors of the difference of the two p50s (a paired bootstrap over requests; the late
+    # first step shifts some requests' steps)
     replay = sim.llm.run(cfg, step_model=lambda m: ReplayStepModel(
         _step_periods_s(replayed.requests, replayed.steps), m))
+    # TTFT, beyond that, by what the replay cannot replay, measured in this run: the live
+    # engine picked an arrival that found it idle up late (the replay starts at the arrival,
+    # and every step of that busy spell earlier by as much), and the replay ends a token's
+    # step at the next step's start (the gap between steps is in its period), not at the end
+    # of the sleep. A live engine slower to its first token than its own steps show (an
+    # extra step, a first token stamped a step late) moves the live p50 by a step period or
+    # more: caught when that exceeds this allowance (about 2 ms on a quiet machine)
+    picked_late_s, gap_s = _unreplayed_s(replayed.requests, replayed.steps)
+    diff_s, se_s = _p50_difference(_ttft_s(replayed.requests), _ttft_s(replay.requests))
+    assert -gap_s - 3 * se_s - 1e-6 <= diff_s <= picked_late_s + 3 * se_s + 1e-6, (
+        diff_s, se_s, picked_late_s, gap_s)
+    # TPOT: a request's TPOT is the mean of its token intervals, each one step period (start
+    # to next start: the sleep, its oversleep, and the engine's gap before the next step), so
+    # it carries every stall of the busy machine; the replay carries the same periods
     tpot_live, tpot_replay = _tpot_s(replayed.requests), _tpot_s(replay.requests)
     diff_s, se_s = _p50_difference(tpot_live, tpot_replay)
     assert abs(diff_s) <= 3 * se_s + 1e-6, (diff_s, se_s)
@@ -221,7 +223,7 @@ def test_the_replay_stand_in_reproduces_the_simulator_up_to_the_engines_overhead
     svc = cfg["service"]
     asked_s = (svc["base_ms"] + svc["per_prefill_token_ms"] * replayed.steps["prefill_tokens"]
                + svc["per_decode_seq_ms"] * replayed.steps["decode_seqs"]) / 1e3
-    assert (replayed.steps["duration_s"] >= asked_s * 0.999).all()
+    assert (replayed.steps["duration_s"] >= asked_s - 1e-9).all()  # a sleep never ends early
 
 
 def _step_periods_s(requests: Any, steps: Any) -> np.ndarray:
@@ -235,6 +237,33 @@ def _step_periods_s(requests: Any, steps: Any) -> np.ndarray:
     busy = np.array([bool(((arrival <= e) & (finish > e)).any()) for e in end])
     keep = busy & ~np.isnan(nxt)
     return np.where(keep, nxt - s["start_s"].to_numpy(), s["duration_s"].to_numpy())
+
+
+def _ttft_s(requests: Any) -> Any:
+    """Per request: first token - arrival (s)."""
+    r = requests.set_index("id")
+    return r["first_token_s"] - r["arrival_s"]
+
+
+def _unreplayed_s(requests: Any, steps: Any) -> tuple[float, float]:
+    """What a replay of :func:`_step_periods_s` cannot replay of one engine's TTFTs: the
+    longest an arrival that found the engine idle waited for its first step, and the longest
+    gap after a step that gave a request its first token (the replay's step ends at the next
+    start)."""
+    s = steps.sort_values("start_s")
+    start = s["start_s"].to_numpy()
+    period = _step_periods_s(requests, steps)
+    gap = period - s["duration_s"].to_numpy()
+    end = start + s["duration_s"].to_numpy()
+    first = requests["first_token_s"].to_numpy()
+    k = np.clip(np.searchsorted(end, first - 1e-9), 0, end.size - 1)
+    assert np.allclose(end[k], first, rtol=0, atol=1e-9)  # a first token ends its step
+    arrival = requests["arrival_s"].to_numpy()
+    j = np.searchsorted(start, arrival, side="right") - 1
+    idle = (j < 0) | (arrival >= start[np.clip(j, 0, None)] + period[np.clip(j, 0, None)])
+    nxt = np.searchsorted(start, arrival[idle])
+    waited = start[nxt[nxt < start.size]] - arrival[idle][nxt < start.size]
+    return float(waited.max(initial=0.0)), float(gap[k].max(initial=0.0))
 
 
 def _oversleep_s(result: Any, svc: dict[str, Any]) -> Any:
@@ -270,16 +299,6 @@ def _p50_difference(a: Any, b: Any) -> tuple[float, float]:
     idx = np.random.default_rng(0).integers(0, len(both), (2000, len(both)))
     boot = np.median(both[:, 0][idx], axis=1) - np.median(both[:, 1][idx], axis=1)
     return float(np.median(both[:, 0]) - np.median(both[:, 1])), float(boot.std())
-
-
-def _decode_period_s(steps: Any) -> float:
-    """Median time from a decode-only step's start to the next step's start on its replica."""
-    periods = []
-    for _, s in steps.sort_values("start_s").groupby("replica"):
-        nxt = s["start_s"].shift(-1) - s["start_s"]
-        keep = (s["prefill_tokens"] == 0) & (s["decode_seqs"] > 0) & nxt.notna()
-        periods.append(nxt[keep])
-    return float(np.median(np.concatenate([p.to_numpy() for p in periods])))
 
 
 @pytest.mark.slow
@@ -362,13 +381,25 @@ def test_live_llm_engines_scale_up_and_down_like_the_simulator(tmp_path) -> None
     assert s["ok"] == len(measured.requests) == p["ok"]
     ev, pev = measured.fleet_events, predicted.fleet_events
     assert (ev["event"] == "launch").sum() >= 1 and (ev["event"] == "stop").sum() >= 1
-    first_live = ev.loc[ev["event"] == "launch", "time_s"].min()
-    first_sim = pev.loc[pev["event"] == "launch", "time_s"].min()
-    assert abs(first_live - first_sim) <= 0.1 + 1e-9
-    assert s["cold_start_s"]["p50"] == pytest.approx(0.3, abs=0.05)
     for r, group in measured.steps.groupby("replica"):
         ready = ev.loc[(ev["replica"] == r) & (ev["event"] == "ready"), "time_s"].min()
         assert (group["start_s"] >= ready - 1e-9).all()
+    # the measured cold start is launch to ready: the loading thread started after the launch
+    # decision, its loader took at least cold_start_s (a sleep never ends early), and the
+    # engine was ready when it returned. A ready stamped before the load ended, or a launch
+    # stamped after the loader started (at a later tick), shows here
+    loads = measured.meta["cold_starts_measured_s"]
+    assert len(loads) == s["cold_start_s"]["count"] == (ev["event"] == "launch").sum()
+    for replica in {load["replica"] for load in loads}:
+        took_s = [x["total_s"] for x in loads if x["replica"] == replica]  # in load order
+        mine = ev[ev["replica"] == replica].sort_values("time_s", kind="stable")
+        launch_s = mine.loc[mine["event"] == "launch", "time_s"].to_numpy()
+        ready_s = mine.loc[(mine["event"] == "ready") & (mine["time_s"] >= launch_s.min()),
+                           "time_s"].to_numpy()  # not a resident deploy's
+        launch_s = launch_s[:len(ready_s)]
+        assert len(ready_s) == len(took_s) and min(took_s) >= 0.3
+        assert (launch_s <= ready_s - np.array(took_s) + 1e-9).all(), (replica, launch_s)
+    assert s["cold_start_s"]["p50"] >= 0.3
     # replica-seconds: launches and stops are decided on control ticks, so a launch or stop
     # found in both runs may differ by one control period plus how far this run's engines
     # fell behind the simulated ones before it (each live step sleeps the step model's time;
@@ -378,12 +409,22 @@ def test_live_llm_engines_scale_up_and_down_like_the_simulator(tmp_path) -> None
     from tests.executor.test_live_autoscaling import _pair_fleet_events
 
     over = _oversleep_s(measured, cfg["service"])
+
+    def tick_s(at_s: float) -> float:
+        behind_s = float(over.loc[over["start_s"] < at_s, "over_s"].sum())
+        return cfg["autoscaling"]["control_period_s"] + behind_s
+
+    # the first scale-up among them (control ticks and the decision rule are the same
+    # objects; a control loop on another period or phase moves it by more)
+    first_live = ev.loc[ev["event"] == "launch", "time_s"].min()
+    first_sim = pev.loc[pev["event"] == "launch", "time_s"].min()
+    bound_s = tick_s(max(first_live, first_sim))
+    assert abs(first_live - first_sim) <= bound_s + 1e-9, (first_live, first_sim, bound_s)
     matched, unmatched_s = _pair_fleet_events(ev, pev, s["window_s"])
     allowed_s = unmatched_s + cfg["autoscaling"]["max_replicas"] * abs(
         s["window_s"] - p["window_s"])
     for live_s, sim_s in matched:
-        behind_s = float(over.loc[over["start_s"] < max(live_s, sim_s), "over_s"].sum())
-        bound_s = cfg["autoscaling"]["control_period_s"] + behind_s
+        bound_s = tick_s(max(live_s, sim_s))
         assert abs(live_s - sim_s) <= bound_s + 1e-9, (live_s, sim_s, bound_s)
         allowed_s += bound_s
     assert abs(s["replica_seconds"] - p["replica_seconds"]) <= allowed_s + 1e-9
