@@ -394,12 +394,13 @@ def request_overhead(url: str, api: str, payload: PayloadCfg, medians_s: dict[in
             row["busy"].append(gap_s)
             row["outside"].append(lat_a - gap_s - wait_s)
     # each queued pair's own busy and outside time (ms) beside their medians: their spread
-    sizes = {str(n): {"busy_ms": float(np.median(v["busy"])) * 1e3,
-                      "outside_ms": float(np.median(v["outside"])) * 1e3,
-                      "queued_pairs": len(v["busy"]),
-                      "busy_samples_ms": [x * 1e3 for x in v["busy"]],
-                      "outside_samples_ms": [x * 1e3 for x in v["outside"]]}
-             for n, v in sorted(by_size.items()) if v["busy"]}
+    sizes: dict[str, dict[str, Any]] = {
+        str(n): {"busy_ms": float(np.median(v["busy"])) * 1e3,
+                 "outside_ms": float(np.median(v["outside"])) * 1e3,
+                 "queued_pairs": len(v["busy"]),
+                 "busy_samples_ms": [x * 1e3 for x in v["busy"]],
+                 "outside_samples_ms": [x * 1e3 for x in v["outside"]]}
+        for n, v in sorted(by_size.items()) if v["busy"]}
     if not sizes:
         raise EndpointError("request overhead: in no pair of bursts did the second wait for "
                             "the first; are --window-ms and --server-max-batch-size the "
