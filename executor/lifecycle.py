@@ -137,6 +137,9 @@ def stop_on_signals(driver: Stoppable, mode: str, enabled: bool = True) -> Itera
             signal.signal(getattr(signal, name), handler)
 
 
+JOIN_SLICE_S = 0.05  # join_within waits in slices of at most this long
+
+
 def join_within(threads: Iterable[threading.Thread], bound_s: float,
                 hurry: threading.Event) -> list[threading.Thread]:
     """Join ``threads`` for at most ``bound_s`` in all (less once ``hurry`` is set); return
@@ -152,7 +155,7 @@ def join_within(threads: Iterable[threading.Thread], bound_s: float,
             left = end - time.perf_counter()
             if left <= 0:
                 break
-            thread.join(min(left, 0.05))
+            thread.join(min(left, JOIN_SLICE_S))
     return [t for t in pending if t.is_alive()]
 
 

@@ -22,14 +22,13 @@ import numpy as np
 import pytest
 import yaml
 
-from executor.lifecycle import HUNG_GRACE_S, join_within
+from executor.lifecycle import HUNG_GRACE_S, JOIN_SLICE_S, join_within
 from executor.live_requests import live
 from executor.request_driver import _POLL_S
 from executor.testing import SleepRunner
 from sim.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
-JOIN_SLICE_S = 0.05  # join_within waits in slices of at most this (s)
 
 BASE: dict[str, Any] = {
     "seed": 3,
