@@ -190,7 +190,9 @@ def test_join_within_is_bounded_in_all_and_a_hurry_ends_it() -> None:
         fired.append(time.perf_counter())
         hurry.set()
 
-    threading.Timer(0.1, set_hurry).start()
+    # (fired mid-slice, 2.5 slices in: fired at a slice's start, the join's wake would
+    # have no room beside the probe's worst lateness)
+    threading.Timer(2.5 * JOIN_SLICE_S, set_hurry).start()
     join_within(threads, 30.0, hurry)
     returned = time.perf_counter()
     assert fired and returned - fired[0] <= JOIN_SLICE_S + lateness_s, (

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
 
 import sim
 from executor.endpoint.precise_timer import open_timer
@@ -25,8 +24,6 @@ from executor.endpoint.request_calibrate import calibrate_endpoint
 from sim.scenario.payload import PayloadCfg
 from tests.executor.endpoint.conftest import bench_cli
 from tests.executor.endpoint.test_request_bad_input import write_rl_scenario
-
-FALSE_ALARM = 0.001  # the chance that one derived check fails a run that behaved right
 
 
 def _timer_lateness_s(n: int, spacing_s: float) -> np.ndarray:
@@ -73,16 +70,19 @@ def test_kserve_run_directory(stub_url: str, tmp_path: Path) -> None:
     assert (requests["size"] == 3).all() and (requests["finish_s"] > requests["arrival_s"]).all()
     # the client keeps the schedule (constant arrivals: 50, 100, … ms; sends on time): never
     # early, and late by no more than its timer itself wakes late on this machine, probed
-    # just before and just after the run with the same timer and schedule (one-sided
-    # Mann-Whitney at FALSE_ALARM: the sends' lags are not larger than the timer's lateness;
+    # just before and just after the run with the same timer and schedule: the sends' median
+    # lag is at most the latest of the 24 probe wakes (were the lags drawn as the probe's,
+    # the median above all 24 needs the 6 largest of the 36 to be lags: C(12, 6) / C(36, 6),
+    # about 1 run in 2,100);
     # a client whose lag accumulated, or that fell back to the loop's 1 ms timers, is late
-    # by a millisecond or more where the timer is late by tens of microseconds)
+    # by a millisecond or more in most sends where the timer is late by tens of microseconds;
+    # a size test, not a rank test: the CLI's own process may wake a few microseconds later
+    # than this one's, which a rank test would flag)
     np.testing.assert_allclose(requests["scheduled_s"], (np.arange(12) + 1) / 20.0)
     lag_s = requests["send_lag_s"].to_numpy()
     assert (lag_s >= 0).all(), lag_s
     lateness_s = np.r_[before, _timer_lateness_s(12, 0.05)]
-    test = stats.mannwhitneyu(lag_s, lateness_s, alternative="greater")
-    assert test.pvalue >= FALSE_ALARM, (np.sort(lag_s), np.sort(lateness_s))
+    assert np.median(lag_s) <= lateness_s.max(), (np.sort(lag_s), np.sort(lateness_s))
 
 
 def test_http_json_template(stub_url: str, tmp_path: Path) -> None:
