@@ -259,7 +259,9 @@ def test_signals_work_while_a_model_call_hangs_and_the_second_one_ends_the_run(
     assert proc.returncode == 0, stderr
     data = json.loads(stdout.strip().splitlines()[-1])
     assert data["stopped_by"] == first
-    assert ended_s < 5.0  # the summary and the interpreter's exit; not the 60 s drain
+    # the summary and the interpreter's exit; not the 60 s drain (once, beside two hogs, this
+    # took 29.9 s: the run went on to the schedule's end; what it printed is in the message)
+    assert ended_s < 5.0, (ended_s, data, stderr[-3000:])
     # each signal took effect at the loop's next iteration: never before it was sent, and at
     # most one wait (at most the 50 ms poll) plus the worst lateness this run measured for
     # a wait or a core step later. The first stopped admitting; the second ended the loop,
