@@ -99,13 +99,7 @@ def test_live_compares_with_the_simulator_with_caching_on() -> None:
     simulator's (``_same_decisions``), and each step sleeps at least the step model's time for
     what it holds.
     """
-    from sim.scenario.step_time import ReplayStepModel
-    from tests.executor.test_llm_live import (
-        _p50_difference,
-        _step_periods_s,
-        _ttft_s,
-        _unreplayed_s,
-    )
+    from tests.executor.test_llm_live import _assert_ttft_within_replay
 
     cfg: dict[str, Any] = {
         "seed": 0,
@@ -130,12 +124,7 @@ def test_live_compares_with_the_simulator_with_caching_on() -> None:
     asked_s = (svc["base_ms"] + svc["per_prefill_token_ms"] * replayed.steps["prefill_tokens"]
                + svc["per_decode_seq_ms"] * replayed.steps["decode_seqs"]) / 1e3
     assert (replayed.steps["duration_s"] >= asked_s - 1e-9).all()  # a sleep never ends early
-    replay = sim.llm.run(cfg, step_model=lambda m: ReplayStepModel(
-        _step_periods_s(replayed.requests, replayed.steps), m))
-    picked_late_s, gap_s = _unreplayed_s(replayed.requests, replayed.steps)
-    diff_s, se_s = _p50_difference(_ttft_s(replayed.requests), _ttft_s(replay.requests))
-    assert -gap_s - 3 * se_s - 1e-6 <= diff_s <= picked_late_s + 3 * se_s + 1e-6, (
-        diff_s, se_s, picked_late_s, gap_s)
+    _assert_ttft_within_replay(cfg, replayed)
 
 
 def test_a_live_run_on_the_real_decoder_copies_exactly_the_hit_blocks() -> None:

@@ -128,17 +128,10 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
                                  device={"kind": "endpoint"}, extrapolate=True)
     run_path = run_profile.save(tmp_path / "ray-run.json")
     predicted = sim.run(scenario, {"service": {"kind": "profile", "path": str(run_path)}})
-    ok = measured.requests[(measured.requests["status"] == "ok")
-                           & (measured.requests["arrival_s"] >= 1)]
-    lat_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
     # the path outside the replica (proxy, router, client), per request of this bench: its
     # latency less the time the replica held it (the replica's request log)
-    held_ms = {str(r[0]): (r[3] - r[1]) * 1e3 for r in held}
-    ids = [str(i) for i in ok["id"]]
-    assert all(i in held_ms for i in ids)  # every answered request is in the replica's log
-    replica_ms = np.array([held_ms[i] for i in ids])
+    lat_ms, replica_ms, ids = _latency_split_ms(measured.requests, held)
     outside_ms = lat_ms - replica_ms
-    assert outside_ms.min() > 0  # the client saw each request longer than the replica held it
     got = float(lat_ms.mean())
     want = predicted.summary["latency_ms"]["mean"] + float(outside_ms.mean())
     # inside the replica, what servelab's batcher does not do: its event loop's lateness
@@ -265,6 +258,24 @@ def _settled_logs(url: str, path: str, key: str, replicas: int,
     return logs
 
 
+def _latency_split_ms(requests: Any, held: list[Any]) -> tuple[np.ndarray, np.ndarray,
+                                                                  list[str]]:
+    """Each ok request's latency after the 1 s warm-up and the time a replica held it, in
+    ms, with their ids (``held``: the replicas' request logs, ``[id, entered, parsed,
+    answered]`` per request a replica answered): the difference is the path outside the
+    replicas (proxy, router, client).
+    """
+    ok = requests[(requests["status"] == "ok") & (requests["arrival_s"] >= 1)]
+    lat_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
+    held_ms = {str(r[0]): (r[3] - r[1]) * 1e3 for r in held}
+    ids = [str(i) for i in ok["id"]]
+    assert all(i in held_ms for i in ids)  # every answered request is in a replica's log
+    replica_ms = np.array([held_ms[i] for i in ids])
+    # the client saw each request longer than a replica held it
+    assert (lat_ms - replica_ms).min() > 0, (lat_ms - replica_ms).min()
+    return lat_ms, replica_ms, ids
+
+
 def _replica_lateness_ms(batches: list[Any], requests: list[Any], max_batch: int,
                          window_s: float) -> list[float]:
     """Per request a replica answered (``[id, entered, parsed, answered]``), the time its
@@ -327,16 +338,9 @@ def test_two_replicas_with_ray_routing_against_p2c(tmp_path: Path) -> None:
     scenario["service"] = {"kind": "linear", "base_ms": float(base_ms),
                            "per_item_ms": float(per_item_ms), "deterministic": True}
     predicted = sim.run(scenario)
-    ok = measured.requests[(measured.requests["status"] == "ok")
-                           & (measured.requests["arrival_s"] >= 1)]
-    lat_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
-    # [id, entered, parsed, answered] per request a replica answered
-    held_ms = {str(r[0]): (r[3] - r[1]) * 1e3 for log in held.values() for r in log}
-    ids = [str(i) for i in ok["id"]]
-    assert all(i in held_ms for i in ids)  # every answered request is in a replica's log
-    replica_ms = np.array([held_ms[i] for i in ids])
+    lat_ms, replica_ms, ids = _latency_split_ms(measured.requests,
+                                                [r for log in held.values() for r in log])
     outside_ms = lat_ms - replica_ms
-    assert outside_ms.min() > 0  # the client saw each request longer than a replica held it
     got = float(lat_ms.mean())
     want = predicted.summary["latency_ms"]["mean"] + float(outside_ms.mean())
     # inside a replica, what servelab's batcher does not do: its event loop's lateness on
