@@ -157,3 +157,16 @@ def kserve_minilm(request: pytest.FixtureRequest) -> Iterator[Any]:
     say(f"servelab: KServe up at {server.url} in {server.started_s:.0f} s")
     yield server
     server.stop()
+
+
+def stub_batch_record(url: str, model: str) -> dict[str, list[float]]:
+    """``GET /stub/batches/{model}`` of the request-level stub: its batcher's batch sizes and
+    its timers' lateness (s) per batch, window and service apart."""
+    import json as _json
+    import urllib.parse
+    import urllib.request
+
+    name = urllib.parse.quote(model, safe="")
+    with urllib.request.urlopen(f"{url}/stub/batches/{name}", timeout=10) as resp:
+        data: dict[str, list[float]] = _json.load(resp)
+    return data

@@ -11,8 +11,6 @@ import math
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ from executor.endpoint.request_calibrate import (
 )
 from executor.endpoint.server_info import EndpointError
 from sim.scenario.payload import PayloadCfg
-from tests.executor.endpoint.conftest import REPO, env
+from tests.executor.endpoint.conftest import REPO, env, stub_batch_record
 
 BASE_MS, PER_ITEM_MS, OUTSIDE_MS = 20.0, 5.0, 30.0
 # the chance that a test's statistical checks fail one run of a calibration (or probe) that
@@ -63,9 +61,7 @@ def t_quantile(alpha: float, samples: int) -> float:
 def stub_batches(stub_url: str, model: str) -> tuple[list[int], float]:
     """The stub's record of ``model``'s batches: their sizes, and the latest any of their
     timers fired (window or service), in ms: its event loop's worst lateness in this test."""
-    name = urllib.parse.quote(model, safe="")
-    with urllib.request.urlopen(f"{stub_url}/stub/batches/{name}", timeout=10) as resp:
-        record = json.load(resp)
+    record = stub_batch_record(stub_url, model)
     late_s = [*record["window_late_s"], *record["service_late_s"]]
     return record["sizes"], max(late_s, default=0.0) * 1e3
 

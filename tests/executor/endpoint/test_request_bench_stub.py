@@ -10,7 +10,6 @@ import asyncio
 import json
 import math
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from executor.endpoint.precise_timer import open_timer
 from executor.endpoint.request_bench import bench_requests
 from executor.endpoint.request_calibrate import calibrate_endpoint
 from sim.scenario.payload import PayloadCfg
-from tests.executor.endpoint.conftest import bench_cli
+from tests.executor.endpoint.conftest import bench_cli, stub_batch_record
 from tests.executor.endpoint.test_request_bad_input import write_rl_scenario
 
 
@@ -93,13 +92,6 @@ def test_http_json_template(stub_url: str, tmp_path: Path) -> None:
     assert result.meta["url"].endswith("/predict")
 
 
-def _stub_batches(url: str, model: str) -> dict[str, list[float]]:
-    """The stub batcher's batch sizes and its timers' lateness (s) per batch."""
-    with urllib.request.urlopen(f"{url}/stub/batches/{model}") as resp:
-        data: dict[str, list[float]] = json.loads(resp.read())
-    return data
-
-
 @pytest.mark.slow
 def test_bench_agrees_with_simulate_on_a_batcher_the_simulator_models(stub_url: str,
                                                                       tmp_path: Path) -> None:
@@ -115,7 +107,7 @@ def test_bench_agrees_with_simulate_on_a_batcher_the_simulator_models(stub_url: 
                              n_requests=None, duration_s=8)
     instant = bench_requests(path, stub_url, api="kserve-v2", model="instant")
     measured = bench_requests(path, stub_url, api="kserve-v2")
-    stub = _stub_batches(stub_url, model)
+    stub = stub_batch_record(stub_url, model)
     sizes = np.asarray(stub["sizes"])
     window_late_ms = 1e3 * float(np.mean(stub["window_late_s"]))
     service_late_ms = 1e3 * float(np.mean(stub["service_late_s"]))
