@@ -27,7 +27,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
@@ -119,7 +119,7 @@ def stop_on_signals(driver: Stoppable, mode: str, enabled: bool = True) -> Itera
         return
     seen: list[str] = []
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def act(signum: int) -> None:
         name = signal.Signals(signum).name
         seen.append(name)
         if len(seen) == 1:
@@ -128,6 +128,7 @@ def stop_on_signals(driver: Stoppable, mode: str, enabled: bool = True) -> Itera
         else:
             driver.hurry()
 
+    on_signal = _one_at_a_time(act)
     previous = {name: signal.signal(getattr(signal, name), on_signal)
                 for name in STOP_SIGNALS if hasattr(signal, name)}
     try:
@@ -135,6 +136,37 @@ def stop_on_signals(driver: Stoppable, mode: str, enabled: bool = True) -> Itera
     finally:
         for name, handler in previous.items():
             signal.signal(getattr(signal, name), handler)
+
+
+def _one_at_a_time(act: Callable[[int], None]) -> Callable[[int, FrameType | None], None]:
+    """A signal handler that runs ``act(signum)`` for every signal, never one inside another.
+
+    Python runs a handler in the main thread between bytecodes, so a second signal can run
+    the handler again inside the first one's ``act``: with ``act`` inside
+    ``threading.Event.set`` (which holds the event's lock, not reentrant), a nested
+    ``stop()`` or ``hurry()`` setting the same event would wait on that lock for ever. Here a
+    nested call only queues its signal; the outer call runs it once its own ``act`` returned.
+    """
+    pending: list[int] = []
+    busy = [False]
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        pending.append(signum)
+        if busy[0]:
+            return  # inside an outer call: it runs this signal after its own
+        while True:
+            busy[0] = True
+            try:
+                while pending:
+                    act(pending.pop(0))
+            finally:
+                busy[0] = False
+            # a signal queued between the last check and the flag's reset is run here; one
+            # after the reset ran itself
+            if not pending:
+                return
+
+    return on_signal
 
 
 JOIN_SLICE_S = 0.05  # join_within waits in slices of at most this long

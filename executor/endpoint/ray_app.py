@@ -222,8 +222,17 @@ def main() -> None:
     app = Model.options(**options).bind(CFG)  # type: ignore[attr-defined]
     serve.run(app, name="servelab", route_prefix="/", blocking=False)
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signals: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        # only the first signal sets the event: a second one can run this handler inside
+        # the first one's done.set(), which holds the event's lock (not reentrant)
+        signals.append(signum)
+        if len(signals) == 1:
+            done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     print("servelab: serving", flush=True)  # serve.run returned: every replica is running
     poller = None
     if CFG.get("replica_log"):
