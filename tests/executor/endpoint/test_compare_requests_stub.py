@@ -285,14 +285,76 @@ def test_compare_endpoint_writes_the_live_compare_files(stub_url: str, tmp_path:
             assert abs(probed_ms - cal_ms) <= tol_ms, (n, probed_ms, cal_ms, tol_ms, late_ms)
     rows = {r["metric"]: r for r in data["rows"]}
     assert math.isnan(rows["mean_batch_size"]["live_median"])  # not visible from outside
-    # throughput: the offered rate on both sides (Poisson count over 3.5 s, 4 sigma)
-    assert abs(rows["throughput_rps"]["rel_error"]) <= 4 / math.sqrt(rate * 3.5)
+    # throughput: completions inside the window over its length, on one seeded schedule on
+    # both sides, so no sampling error: every ok request that arrived (as scheduled) at
+    # least its latency before the window's end and not before its start finishes inside
+    # it, on either side; only those arriving within the longest latency before either
+    # edge can land on one side of it in one run and on the other in another
+    # (edge_count_bounds: each run's count, live and simulated, between the two counts).
+    # A bench on another schedule (another seed: about sqrt(56) = 7 requests more or
+    # fewer), one that dropped or failed requests, or a window of the wrong length is
+    # caught wherever it moves a count past the few edge arrivals
+    lo_n, hi_n, window_s = edge_count_bounds(out, data["drain_timeout_s"], sim_replications=3)
+    low_rel, high_rel = lo_n / hi_n - 1, hi_n / lo_n - 1  # sim / live - 1, both in [lo, hi]
+    assert low_rel * (1 + 1e-9) <= rows["throughput_rps"]["rel_error"] <= high_rel * (
+        1 + 1e-9), (rows["throughput_rps"], lo_n, hi_n, window_s)
     # the latency: the simulator models this server exactly (outside delay included), so
     # the p50 error is the measurement's own noise plus how far the server's speed moved
     # while it ran (a loaded event loop makes sleeps late), which the probes saw
     moved = max(abs(r - 1) for p in data["probes"] for r in p["ratio_by_size"].values())
     assert abs(rows["latency_ms.p50"]["rel_error"]) <= 0.15 + moved, (rows["latency_ms.p50"],
                                                                        moved)
+
+
+def edge_count_bounds(out: Path, drain_s: float, sim_replications: int
+                      ) -> tuple[int, int, float]:
+    """The fewest and the most completions any run of ``compare_request_endpoint``'s
+    directory ``out`` may count in its window, from the seeded schedule and the longest
+    latency any of them measured (each live repeat's, each simulated replication's,
+    rerun with its own seed as ``executor.compare.predict`` ran it), asserting each run's
+    count between them; and the window's length (s), one for all runs.
+
+    A request counts when it finishes ok inside [warmup, horizon]. Arriving at ``a`` with
+    a latency (from its scheduled time) of at most ``L``, it finishes in [a, a + L]: inside
+    for ``warmup <= a <= horizon - L``, outside for ``a < warmup - L`` or ``a > horizon``.
+    """
+    counts: list[int] = []
+    longest_s = 0.0
+    windows_s: set[float] = set()
+    schedule_s = None
+    for live_dir in sorted(out.glob("live-*")):
+        req = pd.read_parquet(live_dir / "requests.parquet").sort_values("id")
+        summary = json.loads((live_dir / "summary.json").read_text())
+        # the stub answers every request: a failed or unanswered one would leave a count
+        # below the schedule's without an edge to blame
+        assert (req["status"].astype(str) == "ok").all(), req["status"].value_counts()
+        scheduled = req["scheduled_s"].to_numpy(float)
+        schedule_s = scheduled if schedule_s is None else schedule_s
+        np.testing.assert_array_equal(scheduled, schedule_s)  # one schedule for all
+        longest_s = max(longest_s, float((req["finish_s"] - req["scheduled_s"]).max()))
+        counts.append(int(summary["completions"]))
+        windows_s.add(float(summary["window_s"]))
+    assert schedule_s is not None
+    for sim_dir in sorted(out.glob("sim-*")):
+        i = int(sim_dir.name.split("-")[1])
+        seeds = [None, *(i * 10_000 + j for j in range(1, sim_replications))]
+        for seed in seeds:
+            run = sim.run(sim_dir / "scenario.yaml", service_seed=seed,
+                          drain_timeout_s=drain_s)
+            req = run.requests.sort_values("id")
+            assert (req["status"].astype(str) == "ok").all()
+            np.testing.assert_array_equal(req["arrival_s"].to_numpy(float), schedule_s)
+            longest_s = max(longest_s, float((req["finish_s"] - req["arrival_s"]).max()))
+            counts.append(int(run.summary["completions"]))
+            windows_s.add(float(run.summary["window_s"]))
+    assert len(windows_s) == 1, windows_s
+    window_s = windows_s.pop()
+    lo_s = float(yaml.safe_load((out / "sim" / "scenario.yaml").read_text())["warmup_s"])
+    hi_s = lo_s + window_s
+    inner = int(np.sum((schedule_s >= lo_s) & (schedule_s <= hi_s - longest_s)))
+    outer = int(np.sum((schedule_s >= lo_s - longest_s) & (schedule_s <= hi_s)))
+    assert all(inner <= n <= outer for n in counts), (counts, inner, outer, longest_s)
+    return inner, outer, window_s
 
 
 def test_compare_endpoint_sweep_for_a_request_level_scenario(stub_url: str,

@@ -15,11 +15,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 import sim
+from calibration.profile import LatencyProfile
 from executor.endpoint.precise_timer import open_timer
+from executor.endpoint.probes import Stopper
 from executor.endpoint.request_bench import bench_requests
-from executor.endpoint.request_calibrate import calibrate_endpoint
+from executor.endpoint.request_calibrate import _burst_stats, _bursts, calibrate_endpoint
+from executor.endpoint.request_client import request_path
 from sim.scenario.payload import PayloadCfg
 from tests.executor.endpoint.conftest import bench_cli, stub_batch_record
 from tests.executor.endpoint.test_request_bad_input import write_rl_scenario
@@ -150,19 +154,107 @@ def test_bench_agrees_with_simulate_on_a_batcher_the_simulator_models(stub_url: 
         sizes.mean(), sim_sizes.mean(), se_batch)
 
 
+def _lone_path_ms(stub_url: str, model: str, window_ms: float, n: int, seed: int
+                  ) -> np.ndarray:
+    """What each of ``n`` lone requests to the stub's batcher ``model`` (no service: base
+    and per-item 0) took beyond its window: the calibration's own client path (its burst
+    sender, one request a burst, 30 ms apart, after one untimed burst that creates the
+    batcher), the stub's HTTP handling, the batcher's hand-offs and its window timer's
+    lateness; in ms."""
+    payload = PayloadCfg(model=model)
+    url = stub_url + request_path("kserve-v2", payload, model)
+    plan = [(0.05 + 0.03 * k, 1) for k in range(n + 1)]
+    groups = _bursts(url, "kserve-v2", payload, plan, seed, 30.0, Stopper())
+    return np.array([_burst_stats(g)[0] for g in groups[1:]]) * 1e3 - window_ms
+
+
+def _se_median_ms(samples_ms: np.ndarray) -> float:
+    """The standard error of the samples' median (normal theory, 1.2533 sigma / sqrt(n))."""
+    return float(1.2533 * np.std(samples_ms, ddof=1) / math.sqrt(samples_ms.size))
+
+
+def _predicted_median_ms(profile: LatencyProfile, record: dict[str, list[float]], n: int,
+                         lone_ms: np.ndarray, base_ms: float, per_item_ms: float,
+                         window_ms: float, server_max: int
+                         ) -> tuple[float, list[np.ndarray]]:
+    """The calibrated median at size ``n`` of the stub's batcher (``record``: its batches,
+    in the order they ran) as this run's measurements predict it, and the samples whose
+    medians' standard errors bound the prediction's error (the calibrated ones among them).
+
+    * A paired size (``calibrate_endpoint``'s ``request_overhead``: the last 2 x reps
+      batches of each paired size, in size order, the second of each pair every other one):
+      the median gap between a pair's finishes. The second burst reaches the batcher while
+      the first batch runs; the stub starts its window when it picks the next batch up
+      (after the first ends), so the gap is the second batch's window (below the largest
+      batch) and sleep, both timers' lateness (the record, per batch), and the two bursts'
+      return paths' difference (as often either way: both answers leave an idle batcher).
+      Predicted: the asked sleeps plus the median of the second batches' lateness; the
+      lateness spread then counts twice (in the gaps and in the record): wider, not narrower.
+    * Size 1 unpaired (its window outlasts half its batch): its bursts' latency less the
+      window and less the outside time split off (``request_ms``), i.e. the lone path
+      (``lone_ms``, probed: HTTP both ways, the hand-offs, the window's lateness) plus its
+      sleep plus that sleep's lateness (the record's lone batches outside the pairs, the
+      first, which created the batcher, left out). The median of the sum of the two,
+      independent, is the median of all their pairwise sums.
+    """
+    over = profile.meta["endpoint"]["request_overhead"]
+    reps = int(profile.meta["endpoint"]["reps"])
+    sizes = np.asarray(record["sizes"])
+    late_ms = (np.asarray(record["window_late_s"]) + np.asarray(record["service_late_s"])) * 1e3
+    paired = sorted(set(profile.batch_sizes) - set(over["not_paired"]))
+    tail = 2 * reps * len(paired)
+    np.testing.assert_array_equal(sizes[sizes.size - tail:], np.repeat(paired, 2 * reps))
+    sleep_ms = base_ms + per_item_ms * n
+    if n in paired:
+        at = sizes.size - tail + 2 * reps * paired.index(n)
+        second_ms = late_ms[at:at + 2 * reps][1::2]
+        busy_ms = np.asarray(over["sizes"][str(n)]["busy_samples_ms"])
+        waits_ms = window_ms if n < server_max else 0.0
+        return waits_ms + sleep_ms + float(np.median(second_ms)), [busy_ms, second_ms]
+    assert n == 1, n  # the probe is of lone requests
+    service_ms = np.asarray(record["service_late_s"]) * 1e3
+    lone_late_ms = service_ms[: sizes.size - tail][sizes[: sizes.size - tail] == 1][1:]
+    calibrated_ms = np.asarray(profile.samples_s[1]) * 1e3
+    want_ms = sleep_ms + float(np.median(np.add.outer(lone_ms, lone_late_ms))) \
+        - over["request_ms"]
+    return want_ms, [calibrated_ms, lone_ms, lone_late_ms]
+
+
 @pytest.mark.slow
 def test_calibrate_endpoint_recovers_the_batch_curve(stub_url: str, tmp_path: Path) -> None:
     # service 4 ms + 2 ms per request, window 5 ms (subtracted below the max batch, 8)
-    profile = calibrate_endpoint(stub_url, api="kserve-v2", sizes=[1, 2, 4, 8], reps=12,
-                                 model="batch:8:5:4:2~cal", window_ms=5, server_max_batch=8,
+    base_ms, per_item_ms, window_ms, reps = 4.0, 2.0, 5.0, 12
+    model = f"batch:8:{window_ms:g}:{base_ms:g}:{per_item_ms:g}~cal"
+    lone = f"batch:8:{window_ms:g}:0:0~lone"
+    # a lone request's path beyond its two sleeps (the ~0.55 ms no timer of the stub
+    # reports: its HTTP handling and the client's, the batcher's hand-offs, plus the
+    # window's lateness, which it does report), probed in this test on a batcher with the
+    # same window and no service: half just before the calibration, half just after
+    lone_ms = _lone_path_ms(stub_url, lone, window_ms, reps, seed=11)
+    profile = calibrate_endpoint(stub_url, api="kserve-v2", sizes=[1, 2, 4, 8], reps=reps,
+                                 model=model, window_ms=window_ms, server_max_batch=8,
                                  payload=PayloadCfg(), say=lambda line: None)
+    lone_ms = np.r_[lone_ms, _lone_path_ms(stub_url, lone, window_ms, reps, seed=12)]
     med = {n: profile.median_s(n) * 1e3 for n in (1, 2, 4, 8)}
-    # the per-request path (HTTP, event loop) is in every sample; the slope is the model's
-    # (a chosen margin still: the stub's reported timer lateness does not account for a lone
-    # batch's extra ~0.5 ms over the instant model's path, so the slope cannot yet be
-    # predicted from this run's own measurements)
+    # The slope is the model's per-item cost plus what the two ends measured beyond their
+    # sleeps, each end's median predicted from this run's own records (_predicted_median_ms:
+    # a lone request's from the probe of the lone path and the stub's record of its lone
+    # batches' lateness, a paired size's from the record of its pairs' second batches).
+    # Student's t (two-sided, 1 in 100 runs, the smallest sample's degrees of freedom) times
+    # the two ends' errors' standard error, from their own samples. A calibration that took
+    # the window off the full burst (5 ms), left it in a lone one, or mixed up two sizes is
+    # off by 0.7 ms or more in the slope; one that missed the lone path (this test's old
+    # failure, 0.55 ms) by 0.08 ms, caught where the standard errors are that small
+    record = stub_batch_record(stub_url, model)
+    ends = {n: _predicted_median_ms(profile, record, n, lone_ms, base_ms, per_item_ms,
+                                    window_ms, server_max=8) for n in (1, 8)}
+    want_slope = (ends[8][0] - ends[1][0]) / 7
+    parts = [*ends[1][1], *ends[8][1]]
+    t = float(stats.t.ppf(1 - 0.01 / 2, min(v.size for v in parts) - 1))
+    tol = t * math.sqrt(sum(_se_median_ms(v) ** 2 for v in parts)) / 7
     slope = (med[8] - med[1]) / 7
-    assert 1.0 <= slope <= 3.5, med
+    assert abs(slope - want_slope) <= tol, (slope, want_slope, tol, med, ends[1][0],
+                                            ends[8][0])
     bursts = profile.meta["endpoint"]["bursts"]
     # every burst reached the batcher within its window (else it could split)
     assert not any(b["spread_exceeds_window"] for b in bursts.values()), bursts
