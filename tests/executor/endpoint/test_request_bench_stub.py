@@ -173,6 +173,23 @@ def _se_median_ms(samples_ms: np.ndarray) -> float:
     return float(1.2533 * np.std(samples_ms, ddof=1) / math.sqrt(samples_ms.size))
 
 
+def _second_batches(sizes: np.ndarray, at: int, n: int, pairs: int) -> tuple[int, list[int]]:
+    """Where the second batch of each of ``pairs`` pairs of bursts of ``n`` lies in the
+    stub's batch sizes ``sizes``, the pairs' batches starting at ``at``; and where the next
+    size's start. A pair is two batches of ``n``, or one of ``2n`` where the second burst
+    reached the batcher before the first's window closed (a late send: the calibration
+    leaves that pair out, its gap not a batch's)."""
+    seconds = []
+    for _ in range(pairs):
+        if sizes[at] == 2 * n:
+            at += 1
+            continue
+        assert sizes[at] == sizes[at + 1] == n, (at, n, sizes)
+        seconds.append(at + 1)
+        at += 2
+    return at, seconds
+
+
 def _predicted_median_ms(profile: LatencyProfile, record: dict[str, list[float]], n: int,
                          lone_ms: np.ndarray, base_ms: float, per_item_ms: float,
                          window_ms: float, server_max: int
@@ -181,8 +198,8 @@ def _predicted_median_ms(profile: LatencyProfile, record: dict[str, list[float]]
     in the order they ran) as this run's measurements predict it, and the samples whose
     medians' standard errors bound the prediction's error (the calibrated ones among them).
 
-    * A paired size (``calibrate_endpoint``'s ``request_overhead``: the last 2 x reps
-      batches of each paired size, in size order, the second of each pair every other one):
+    * A paired size (``calibrate_endpoint``'s ``request_overhead``: after the timed bursts,
+      reps pairs of each paired size, in size order; :func:`_second_batches`):
       the median gap between a pair's finishes. The second burst reaches the batcher while
       the first batch runs; the stub starts its window when it picks the next batch up
       (after the first ends), so the gap is the second batch's window (below the largest
@@ -193,7 +210,7 @@ def _predicted_median_ms(profile: LatencyProfile, record: dict[str, list[float]]
     * Size 1 unpaired (its window outlasts half its batch): its bursts' latency less the
       window and less the outside time split off (``request_ms``), i.e. the lone path
       (``lone_ms``, probed: HTTP both ways, the hand-offs, the window's lateness) plus its
-      sleep plus that sleep's lateness (the record's lone batches outside the pairs, the
+      sleep plus that sleep's lateness (the record's lone batches, none of them paired, the
       first, which created the batcher, left out). The median of the sum of the two,
       independent, is the median of all their pairwise sums.
     """
@@ -202,18 +219,22 @@ def _predicted_median_ms(profile: LatencyProfile, record: dict[str, list[float]]
     sizes = np.asarray(record["sizes"])
     late_ms = (np.asarray(record["window_late_s"]) + np.asarray(record["service_late_s"])) * 1e3
     paired = sorted(set(profile.batch_sizes) - set(over["not_paired"]))
-    tail = 2 * reps * len(paired)
-    np.testing.assert_array_equal(sizes[sizes.size - tail:], np.repeat(paired, 2 * reps))
+    # the preflight's request, one warm-up burst per size and the timed bursts, one batch
+    # each (the test checks that no burst split), then the pairs
+    at = 1 + len(profile.batch_sizes) * (1 + reps)
+    seconds: dict[int, list[int]] = {}
+    for size in paired:
+        at, seconds[size] = _second_batches(sizes, at, size, reps)
+    assert at == sizes.size, (at, sizes)
     sleep_ms = base_ms + per_item_ms * n
     if n in paired:
-        at = sizes.size - tail + 2 * reps * paired.index(n)
-        second_ms = late_ms[at:at + 2 * reps][1::2]
+        second_ms = late_ms[seconds[n]]
         busy_ms = np.asarray(over["sizes"][str(n)]["busy_samples_ms"])
         waits_ms = window_ms if n < server_max else 0.0
         return waits_ms + sleep_ms + float(np.median(second_ms)), [busy_ms, second_ms]
     assert n == 1, n  # the probe is of lone requests
     service_ms = np.asarray(record["service_late_s"]) * 1e3
-    lone_late_ms = service_ms[: sizes.size - tail][sizes[: sizes.size - tail] == 1][1:]
+    lone_late_ms = service_ms[sizes == 1][1:]
     calibrated_ms = np.asarray(profile.samples_s[1]) * 1e3
     want_ms = sleep_ms + float(np.median(np.add.outer(lone_ms, lone_late_ms))) \
         - over["request_ms"]
@@ -235,6 +256,10 @@ def test_calibrate_endpoint_recovers_the_batch_curve(stub_url: str, tmp_path: Pa
                                  model=model, window_ms=window_ms, server_max_batch=8,
                                  payload=PayloadCfg(), say=lambda line: None)
     lone_ms = np.r_[lone_ms, _lone_path_ms(stub_url, lone, window_ms, reps, seed=12)]
+    bursts = profile.meta["endpoint"]["bursts"]
+    # every burst reached the batcher within its window (else it could split)
+    assert not any(b["spread_exceeds_window"] for b in bursts.values()), bursts
+    assert not any(b["probably_split"] for b in bursts.values()), bursts
     med = {n: profile.median_s(n) * 1e3 for n in (1, 2, 4, 8)}
     # The slope is the model's per-item cost plus what the two ends measured beyond their
     # sleeps, each end's median predicted from this run's own records (_predicted_median_ms:
@@ -255,9 +280,5 @@ def test_calibrate_endpoint_recovers_the_batch_curve(stub_url: str, tmp_path: Pa
     slope = (med[8] - med[1]) / 7
     assert abs(slope - want_slope) <= tol, (slope, want_slope, tol, med, ends[1][0],
                                             ends[8][0])
-    bursts = profile.meta["endpoint"]["bursts"]
-    # every burst reached the batcher within its window (else it could split)
-    assert not any(b["spread_exceeds_window"] for b in bursts.values()), bursts
-    assert not any(b["probably_split"] for b in bursts.values()), bursts
     path = profile.save(tmp_path / "p.json")
     assert json.loads(path.read_text())["device"]["kind"] == "endpoint"
