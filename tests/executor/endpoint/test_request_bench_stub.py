@@ -176,17 +176,20 @@ def _se_median_ms(samples_ms: np.ndarray) -> float:
 def _second_batches(sizes: np.ndarray, at: int, n: int, pairs: int) -> tuple[int, list[int]]:
     """Where the second batch of each of ``pairs`` pairs of bursts of ``n`` lies in the
     stub's batch sizes ``sizes``, the pairs' batches starting at ``at``; and where the next
-    size's start. A pair is two batches of ``n``, or one of ``2n`` where the second burst
-    reached the batcher before the first's window closed (a late send: the calibration
-    leaves that pair out, its gap not a batch's)."""
+    size's start. Each pair is 2n requests, apart from the next pair by three of its
+    batches' times, so its batches hold exactly 2n: two batches of n, or others where a late
+    send made the second burst join the first's batch (one of 2n) or a burst split (its
+    requests reached the batcher further apart than the window); those the calibration
+    reads as no queued pair or as another gap, and they are left out here."""
     seconds = []
     for _ in range(pairs):
-        if sizes[at] == 2 * n:
+        first, items = at, 0
+        while items < 2 * n:
+            items += int(sizes[at])
             at += 1
-            continue
-        assert sizes[at] == sizes[at + 1] == n, (at, n, sizes)
-        seconds.append(at + 1)
-        at += 2
+        assert items == 2 * n, (first, at, n, sizes)
+        if at - first == 2 and sizes[first] == n:
+            seconds.append(first + 1)
     return at, seconds
 
 
@@ -210,7 +213,7 @@ def _predicted_median_ms(profile: LatencyProfile, record: dict[str, list[float]]
     * Size 1 unpaired (its window outlasts half its batch): its bursts' latency less the
       window and less the outside time split off (``request_ms``), i.e. the lone path
       (``lone_ms``, probed: HTTP both ways, the hand-offs, the window's lateness) plus its
-      sleep plus that sleep's lateness (the record's lone batches, none of them paired, the
+      sleep plus that sleep's lateness (the record's lone batches before the pairs, the
       first, which created the batcher, left out). The median of the sum of the two,
       independent, is the median of all their pairwise sums.
     """
@@ -219,22 +222,28 @@ def _predicted_median_ms(profile: LatencyProfile, record: dict[str, list[float]]
     sizes = np.asarray(record["sizes"])
     late_ms = (np.asarray(record["window_late_s"]) + np.asarray(record["service_late_s"])) * 1e3
     paired = sorted(set(profile.batch_sizes) - set(over["not_paired"]))
-    # the preflight's request, one warm-up burst per size and the timed bursts, one batch
-    # each (the test checks that no burst split), then the pairs
-    at = 1 + len(profile.batch_sizes) * (1 + reps)
+    # the preflight's request, one warm-up burst per size and the timed bursts (each burst
+    # in a batch or, split, in several; bursts far apart, so never two in one), then the
+    # pairs: where the requests before them are used up
+    cum = np.cumsum(sizes)
+    before = 1 + (1 + reps) * sum(profile.batch_sizes)
+    at = int(np.searchsorted(cum, before)) + 1
+    assert cum[at - 1] == before, (before, sizes)
+    pairs_at = at
     seconds: dict[int, list[int]] = {}
     for size in paired:
         at, seconds[size] = _second_batches(sizes, at, size, reps)
     assert at == sizes.size, (at, sizes)
     sleep_ms = base_ms + per_item_ms * n
     if n in paired:
+        assert len(seconds[n]) >= 2, (n, seconds, sizes)  # a median's spread needs two
         second_ms = late_ms[seconds[n]]
         busy_ms = np.asarray(over["sizes"][str(n)]["busy_samples_ms"])
         waits_ms = window_ms if n < server_max else 0.0
         return waits_ms + sleep_ms + float(np.median(second_ms)), [busy_ms, second_ms]
     assert n == 1, n  # the probe is of lone requests
     service_ms = np.asarray(record["service_late_s"]) * 1e3
-    lone_late_ms = service_ms[sizes == 1][1:]
+    lone_late_ms = service_ms[:pairs_at][sizes[:pairs_at] == 1][1:]
     calibrated_ms = np.asarray(profile.samples_s[1]) * 1e3
     want_ms = sleep_ms + float(np.median(np.add.outer(lone_ms, lone_late_ms))) \
         - over["request_ms"]
