@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -162,6 +163,34 @@ def read_replica_log(path: Path, t0_unix: float) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["time_s", "running", "starting", "held"])
 
 
+# the line Ray's controller logs for each autoscaling decision it acts on (2.60's
+# deployment_state.py), with the total ongoing requests the policy decided on (the same
+# aggregate, kept from that decision) and the running replicas; the time is the log's asctime
+# (local time, whole milliseconds)
+DECISION_LINE = re.compile(
+    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*?(Up|Down)scaling "
+    r"Deployment\(name='Model', app='servelab'\) from (\d+) to (\d+) replicas\. "
+    r"Current ongoing requests: ([0-9.]+), current running replicas: (\d+)\.")
+
+
+def read_decisions(ray_tmp: Path, t0_unix: float) -> pd.DataFrame:
+    """Ray's autoscaling decisions from its controller's log under ``ray_tmp``:
+    ``time_s`` (from ``t0_unix``), ``old`` and ``new`` target counts, ``ongoing`` (the total
+    ongoing requests the policy saw, as Ray prints it: two decimals) and ``running``.
+    """
+    rows = []
+    for path in sorted(ray_tmp.glob("session_*/logs/serve/controller_*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            m = DECISION_LINE.search(line)
+            if m is None:
+                continue
+            t = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1e3
+            rows.append((t - t0_unix, int(m[4]), int(m[5]), float(m[6]), int(m[7])))
+    # (the same line can be in two of the controller's log files: kept once)
+    return pd.DataFrame(sorted(set(rows)),
+                        columns=["time_s", "old", "new", "ongoing", "running"])
+
+
 def step_metrics(t_s: np.ndarray, held: np.ndarray, lo_s: float, hi_s: float
                  ) -> dict[str, float]:
     """Replica-seconds over [lo, hi] of a step series, its upscales (increases of the count
@@ -242,8 +271,10 @@ def run_days(env: ServerEnv, day: AutoscaleDay, out_dir: Path, runs: int = 1
                                       api="kserve-v2", on_client=clients.append)
             t0_unix = clients[0].t0 + (time.time() - time.perf_counter())
             time.sleep(0.5)  # the poller's last lines
+            assert app.tmp is not None  # (set while the application runs)
             rows.append(_compare(today, trace, measured, read_replica_log(log_path, t0_unix),
-                                 overhead_ms, run_dir, profile))
+                                 read_decisions(app.tmp, t0_unix), overhead_ms, run_dir,
+                                 profile))
     return rows
 
 
@@ -289,10 +320,14 @@ def _predict(day: AutoscaleDay, trace: Path, cold_s: float, profile: Path | None
 
 
 def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
-             overhead_ms: float, run_dir: Path, profile: Path) -> dict[str, Any]:
+             decisions: pd.DataFrame, overhead_ms: float, run_dir: Path, profile: Path
+             ) -> dict[str, Any]:
     live_dir = Path(measured.write(run_dir / "live"))
     log = log[(log["time_s"] >= -1.0) & (log["time_s"] <= day.length_s + 1.0)]
     log.to_csv(live_dir / "ray_replicas.csv", index=False)
+    decisions = decisions[(decisions["time_s"] >= -1.0)
+                          & (decisions["time_s"] <= day.length_s + 1.0)]
+    decisions.to_csv(live_dir / "ray_decisions.csv", index=False)
     starts = cold_starts_s(log)
     cold_s = float(np.median(starts)) if starts else day.startup_delay_s
     nominal, series = _predict(day, trace, cold_s, None, overhead_ms, run_dir / "sim")
