@@ -206,6 +206,7 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     core = build_core(scn, streams, estimate)
     slots: list[ModelRunner | None] = list(runner_list)
     if core.fleet is not None:
+        core.fleet.log.controls = []  # what the autoscaler saw at each tick, and when
         loader = loader if loader is not None else replica_loader(scn)
         resident = [r for r, state in enumerate(core.fleet.state) if state == READY]
         if len(runner_list) != len(resident):

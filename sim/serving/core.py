@@ -175,13 +175,13 @@ class ServingCore:
                 while fleet.next_tick_s <= now_s and self._ticking():
                     tick_s = fleet.next_tick_s
                     early = early | admit(tick_s)
-                    self._control(tick_s)
+                    self._control(tick_s, now_s)
                     fleet.next_tick_s = tick_s + fleet.control_period_s
         touched = admit(now_s) if now_s != admitted_s else _NONE
         if early:
             touched = early | touched
         if fleet is not None and dispatch and fleet.empty() and self.queued() > 0:
-            self._control(now_s)  # an arrival to an empty fleet (the activator's poke)
+            self._control(now_s, now_s)  # an arrival to an empty fleet (the activator's poke)
         started: list[Batch] = []
         if dispatch:
             running, max_running = dispatcher.running, dispatcher.max_running
@@ -223,14 +223,17 @@ class ServingCore:
         return (self.source.peek_s() < math.inf or self.queued() > 0 or any(self.running)
                 or fleet.count(STARTING) > 0 or fleet.count(DRAINING) > 0)
 
-    def _control(self, now_s: float) -> None:
-        """Consult the autoscaler; launch and retire replicas as it says."""
+    def _control(self, now_s: float, seen_s: float) -> None:
+        """Consult the autoscaler for ``now_s`` (asked at the driver's ``seen_s``); launch and
+        retire replicas as it says.
+        """
         fleet = self.fleet
         assert fleet is not None
         running = self.dispatcher.running_requests()
         per_slot = [self.queues[self.queue_of[r]].length if len(self.queues) > 1 else 0
                     for r in range(self.n_replicas)]
-        launch, retire = fleet.plan(fleet.view(now_s, self.queued(), running), per_slot)
+        launch, retire = fleet.plan(fleet.view(now_s, self.queued(), running), per_slot,
+                                    seen_s)
         for r in launch:
             fleet.launch(r, now_s)
             self._launch.append(r)

@@ -31,9 +31,16 @@ class FleetLog:
         events: ``(time_s, replica, event)`` with event in deploy (resident from the start) |
             launch | ready | retire | stop.
         times_s, ready, starting, draining: The counts after each change (a step series).
+        controls: Per consultation of the autoscaler, ``(time_s, seen_s, ongoing, replicas,
+            desired)``: the time it decided for (a control tick, or an arrival to an empty
+            fleet), the driver's clock when it was asked (later than ``time_s`` by a live
+            loop's lateness; equal in the simulator), what its view held and its answer.
+            None (the default): not recorded (a simulated day would hold a row per tick);
+            the live executor records them (a test compares them with the run's records).
     """
 
     events: list[tuple[float, int, str]] = field(default_factory=list)
+    controls: list[tuple[float, float, int, int, int]] | None = None
     times_s: list[float] = field(default_factory=list)
     ready: list[int] = field(default_factory=list)
     starting: list[int] = field(default_factory=list)
@@ -110,8 +117,12 @@ class Fleet:
         return off[:1] or [0]
 
     # -- changes ----------------------------------------------------------------------------
-    def plan(self, view: FleetView, queued_per_slot: list[int]) -> tuple[list[int], list[int]]:
+    def plan(self, view: FleetView, queued_per_slot: list[int],
+             seen_s: float | None = None) -> tuple[list[int], list[int]]:
         """Ask the autoscaler; return (slots to launch, slots to retire).
+
+        ``seen_s`` is the driver's clock when it asked (recorded in ``log.controls``;
+        None: ``view.now_s``).
 
         Launches take off slots holding queued requests first (requests routed while the
         fleet was empty), then the lowest. Retirements take ready slots, the least loaded and
@@ -120,6 +131,9 @@ class Fleet:
         """
         want = self.autoscaler.desired(view)
         have = view.replicas
+        if self.log.controls is not None:
+            self.log.controls.append((view.now_s, view.now_s if seen_s is None else seen_s,
+                                      view.ongoing, have, want))
         if want > have:
             off = sorted(self.slots(OFF), key=lambda r: (-queued_per_slot[r], r))
             return off[:want - have], []

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import sim
 from sim.serving.autoscaling import Concurrency, FleetView, Schedule, TargetOngoing
-from sim.serving.fleet import replica_seconds
+from sim.serving.fleet import Fleet, replica_seconds
 from tests.conftest import scenario
 
 
@@ -226,6 +226,22 @@ def test_policies_follow_their_rules_on_hand_made_views() -> None:
     sched = Schedule(steps=[(0, 1), (3600, 4), (7200, 2)], period_s=86400)
     assert [sched.desired(FleetView(t, 1, 0, 0, 0)) for t in (0, 3599, 3600, 86400 + 8000)] \
         == [1, 1, 4, 2]
+
+
+def test_the_fleet_records_each_consultation_only_when_asked() -> None:
+    def fleet() -> Fleet:
+        return Fleet(3, TargetOngoing(min_replicas=1, max_replicas=3, target_ongoing_requests=2,
+                                      upscale_delay_s=0, look_back_period_s=1), 0.1)
+
+    quiet = fleet()
+    quiet.plan(FleetView(0.1, 1, 0, 5, 1), [0, 0, 0])
+    assert quiet.log.controls is None  # a simulated day keeps no row per tick
+    recorded = fleet()
+    recorded.log.controls = []
+    # 6 ongoing on 1 replica: 3 wanted; the live loop asked 2 ms after the tick
+    assert recorded.plan(FleetView(0.1, 1, 0, 5, 1), [0, 0, 0], seen_s=0.102) == ([1, 2], [])
+    recorded.plan(FleetView(0.2, 1, 2, 0, 0), [0, 0, 0])  # the simulator: asked at the tick
+    assert recorded.log.controls == [(0.1, 0.102, 6, 1, 3), (0.2, 0.2, 0, 3, 3)]
 
 
 @pytest.mark.parametrize(("autoscaling", "text"), [
