@@ -16,9 +16,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from sim.errors import UserError
-from sim.experiments.fit_bench import PARAMS, fit_bench, load_bench_run, mean_abs, scaled
+from sim.experiments.fit_bench import (
+    PARAMS,
+    fit_bench,
+    load_bench_run,
+    mean_abs,
+    scaled,
+)
 from sim.scenario.roofline.hardware import load_device
 from sim.scenario.roofline.model import Coefficients, RooflineStepModel, load_coefficients
 from sim.scenario.roofline.service import load_shape
@@ -106,64 +113,96 @@ def test_fit_recovers_the_stand_ins_coefficients(bench_dirs: list[Path]) -> None
     got = fit_bench(runs, load_shape(MODEL), load_device("cpu"), 1, start, holdout=0.34,
                     seed=0, max_evals=200)
     fit = got.meta["fit"]
-    # what the stand-in's steps really took in this run (on a quiet machine: TRUTH's times)
+    # what the stand-in's steps really took in this run (on a quiet machine: TRUTH's times;
+    # a sleep never ends early, so never less, up to rounding)
     comps, actual_s = logged_steps(bench_dirs[0].parent / "steps.json")
     modelled_s = np.array([RooflineStepModel(load_shape(MODEL), load_device("cpu"), 1,
                                              TRUTH).step_s(c) for c in comps])
-    stretch = float(np.sum(actual_s) / np.sum(modelled_s))
-    if stretch > 1.15:  # the stand-in did not get its CPU (another job's fgrun): its steps
-        # and tokens follow the machine's load, not any coefficients: nothing to recover
-        pytest.skip(f"the stand-in's steps ran {stretch:.2f}× their modelled time: the "
-                    "machine was starved; rerun on a machine with a core to spare")
-    # request latencies tell the prefill terms apart from the rest, the decode terms from
-    # the overheads only in sum: the fitted set predicts the stand-in's actual step
-    # durations (what the machine did in this run) within 15% median |error|, prefill
-    # steps, decode-only steps and all, and closer than the start set on each
+    assert np.all(actual_s >= modelled_s * (1 - 1e-9))
     model = RooflineStepModel(load_shape(MODEL), load_device("cpu"), 1, got)
     first = RooflineStepModel(load_shape(MODEL), load_device("cpu"), 1, start)
+    pred_s = np.array([model.step_s(c) for c in comps])
+    start_s = np.array([first.step_s(c) for c in comps])
+    # request latencies tell the prefill terms apart from the rest, the decode terms from
+    # the overheads only in sum: on prefill steps, decode-only steps and all, the fitted
+    # set's steps add up to what the stand-in's took in this run (latencies add steps up,
+    # so sums, not single steps), within what the latencies can resolve: a percentile of
+    # 20 requests (a p99 is one request's) can rest on a single step, whose duration
+    # scatters around its group's run scale (sum actual over sum modelled) by this run's
+    # measured spread (sd of log(actual / (scale x modelled))); within z of it, z for 1
+    # false alarm in 100 two-sided, Bonferroni over the three groups; plus Nelder-Mead's
+    # stop (xatol 0.01 on the log multipliers: each step within e^0.01 of the optimum's).
+    # A fit stuck at the start (decode steps off by 2x), or one scaling the wrong terms,
+    # misses by tens of percent against a bound of about 0.1 quiet. Where this run's
+    # scatter leaves the start itself inside the bound (a starved machine: steps follow
+    # its load, not coefficients) there is nothing to recover: skipped, saying so
+    z = float(stats.norm.ppf(1 - 0.01 / (2 * 3)))
     decode_only = np.array([c.prefill_tokens == 0 for c in comps])
+    steps_error: dict[str, tuple[float, float, float]] = {}
     for label, which in (("prefill", ~decode_only), ("decode", decode_only),
                          ("all", np.ones(len(comps), bool))):
-        pred = np.array([model.step_s(c) for c, w in zip(comps, which, strict=True) if w])
-        before = np.array([first.step_s(c) for c, w in zip(comps, which, strict=True) if w])
-        err, err_start = (float(np.median(np.abs(p / actual_s[which] - 1)))
-                          for p in (pred, before))
-        assert err < 0.15 and err < err_start, (label, err, err_start)
-    assert np.median(np.abs(np.array([first.step_s(c) for c in comps])[decode_only]
-                            / actual_s[decode_only] - 1)) > 0.4  # the start was far off
+        run_scale = float(np.sum(actual_s[which]) / np.sum(modelled_s[which]))
+        scatter = float(np.std(np.log(actual_s[which] / (run_scale * modelled_s[which])),
+                               ddof=1))
+        bound = z * scatter + 0.01
+        miss, miss_start = (abs(float(np.log(np.sum(x[which]) / np.sum(actual_s[which]))))
+                            for x in (pred_s, start_s))
+        steps_error[label] = (miss, miss_start, bound)
+    if any(v[1] <= v[2] for v in steps_error.values()):
+        pytest.skip(f"the stand-in's steps scattered too widely to tell the start set from "
+                    f"the truth (|log| misses and bounds {steps_error}): the machine was "
+                    "starved; rerun on a machine with a core to spare")
+    for label, (miss, miss_start, bound) in steps_error.items():
+        assert miss <= bound, (label, miss, miss_start, bound)
     assert len(fit["held_out"]) == 1 and len(fit["train"]) == 2
     assert fit["evaluations"] <= 200 + 5
-    held_before = mean_abs(fit["runs"]["start"], "held_out")
-    held_after = mean_abs(fit["runs"]["fitted"], "held_out")
-    assert held_before is not None and held_after is not None
-    # the fit at least halves the held-out run's error; on a quiet machine (the stand-in's
-    # steps within 5% of their model, its tokens and the client on time) it is under 15%
-    assert held_after < 0.5 * held_before, (held_after, held_before, stretch)
-    if stretch < 1.05:
-        assert held_after < 0.15 < held_before, (held_after, held_before, stretch)
     # the request overhead: what the client saw of each TTFT outside the stand-in's engine
-    # (its delay, the HTTP hops, the client), on the server's own clock for the engine part
-    served = [r for r in json.loads((bench_dirs[0].parent / "requests.json").read_text())
-              if (r["prompt_tokens"], r["max_tokens"]) != (1, 1)]  # not bench's preflights
-    engine_ms = 1e3 * np.mean([r["first_token_s"] - r["queued_s"] for r in served])
-    ttft_ms = np.concatenate([1e3 * (q["first_token_s"] - q["arrival_s"]).to_numpy()
-                              for q in (pd.read_parquet(d / "requests.parquet")
-                                        for d in bench_dirs)])
-    assert len(ttft_ms) == len(served)
-    outside_ms = float(np.mean(ttft_ms)) - engine_ms  # the mean of each request's outside
-    assert outside_ms >= REQUEST_DELAY_MS * 0.99  # the stand-in's delay is in it
-    # the fitted overhead trades against the engine's part of each TTFT: allowed off by
-    # the fitted model's mean |error| on this run's actual steps over that part, plus the
-    # TTFT error the fit leaves on its training runs, plus 10%
-    all_steps = np.array([model.step_s(c) for c in comps])
-    step_mean_err = float(np.mean(np.abs(all_steps / actual_s - 1)))
+    # (its delay, the HTTP hops, the client), on the server's own clock for the engine
+    # part; each request's, paired in send order with the stand-in's record (the same
+    # prompt and output lengths, checked)
+    served = sorted((r for r in json.loads((bench_dirs[0].parent / "requests.json")
+                                           .read_text())
+                     if (r["prompt_tokens"], r["max_tokens"]) != (1, 1)),  # not preflights
+                    key=lambda r: r["read_s"])
+    client = pd.concat([pd.read_parquet(d / "requests.parquet").sort_values("arrival_s")
+                        for d in bench_dirs])
+    assert len(client) == len(served)
+    assert client["prompt_tokens"].tolist() == [r["prompt_tokens"] for r in served]
+    assert client["output_tokens"].tolist() == [r["max_tokens"] for r in served]
+    engine_ms = 1e3 * np.array([r["first_token_s"] - r["queued_s"] for r in served])
+    ttft_ms = 1e3 * (client["first_token_s"] - client["arrival_s"]).to_numpy()
+    outside = ttft_ms - engine_ms
+    outside_ms = float(np.mean(outside))
+    # the stand-in's delay is in each: its sleep between its read and queued stamps never
+    # ends early (up to asyncio's 1 ns clock resolution and two time.time() roundings,
+    # 0.24 us each at this epoch: 1 us allowed)
+    assert outside.min() >= REQUEST_DELAY_MS - 1e-3, outside.min()
+    # the fitted overhead is one number for every request's outside: matching TTFT
+    # percentiles puts it among the requests' own outsides (within their largest distance
+    # from their mean, measured), moved by what it trades against the engine's part of
+    # each TTFT: the fitted model's mean |error| on this run's actual steps over that part,
+    # plus the TTFT error the fit leaves on its training runs
+    step_mean_err = float(np.mean(np.abs(pred_s / actual_s - 1)))
     ttft_left = max(abs(row["errors"][k]) for row in fit["runs"]["fitted"].values()
                     if row["split"] == "train" for k in row["errors"] if k.startswith("ttft"))
     got_ms = got.overheads["request_ms"]
-    tol_ms = 0.1 * outside_ms + step_mean_err * engine_ms + ttft_left * float(np.mean(ttft_ms))
-    assert abs(got_ms - outside_ms) < tol_ms, (got_ms, outside_ms, tol_ms, step_mean_err,
-                                               ttft_left)
+    spread_ms = float(np.max(np.abs(outside - outside_ms)))
+    tol_ms = spread_ms + step_mean_err * float(np.mean(engine_ms)) + ttft_left * float(
+        np.mean(ttft_ms))
+    assert abs(got_ms - outside_ms) < tol_ms, (got_ms, outside_ms, tol_ms, spread_ms,
+                                               step_mean_err, ttft_left)
     assert abs(start.overheads["request_ms"] - outside_ms) > tol_ms  # the start was off
+    # the held-out run (chosen, not derived: the held-out load queues more, so how far its
+    # percentiles move with a step or overhead miss is not a fixed share of the miss): the
+    # fit at least halves its error; on a quiet machine (the stand-in's steps within 5% of
+    # their model, its tokens and the client on time) it is under 15%
+    held_before = mean_abs(fit["runs"]["start"], "held_out")
+    held_after = mean_abs(fit["runs"]["fitted"], "held_out")
+    assert held_before is not None and held_after is not None
+    stretch = float(np.sum(actual_s) / np.sum(modelled_s))
+    assert held_after < 0.5 * held_before, (held_after, held_before, stretch)
+    if stretch < 1.05:
+        assert held_after < 0.15 < held_before, (held_after, held_before, stretch)
     # seeded: the same inputs give the same coefficients
     again = fit_bench(runs, load_shape(MODEL), load_device("cpu"), 1, start, holdout=0.34,
                       seed=0, max_evals=200)
