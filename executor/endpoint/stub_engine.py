@@ -18,7 +18,7 @@ Run: ``python -m executor.endpoint.stub_engine --port N --model CONFIG --device 
 ``/metrics`` page in vLLM's format (its KV block count, so bench records the knobs),
 ``/steps`` (every step's composition, modelled and actual seconds) and ``/requests``
 (every request's prompt and output lengths and its wall-clock times: read, queued in the
-engine, first token written).
+engine, first token about to be written: no client can have read it earlier).
 """
 
 from __future__ import annotations
@@ -159,8 +159,10 @@ def app(engine: Engine, model_name: str, request_delay_s: float = 0.0) -> web.Ap
         await resp.prepare(request)
         with contextlib.suppress(ConnectionError):
             while (i := await seq.tokens.get()) is not None:
-                await resp.write(_chunk(i, seq.prompt))
+                # stamped before the write, so no client reads the token before it: the
+                # client's TTFT holds the engine's part (queued to this stamp) exactly
                 seq.times.setdefault("first_token_s", time.time())
+                await resp.write(_chunk(i, seq.prompt))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         return resp

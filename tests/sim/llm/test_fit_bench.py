@@ -173,10 +173,12 @@ def test_fit_recovers_the_stand_ins_coefficients(bench_dirs: list[Path]) -> None
     ttft_ms = 1e3 * (client["first_token_s"] - client["arrival_s"]).to_numpy()
     outside = ttft_ms - engine_ms
     outside_ms = float(np.mean(outside))
-    # the stand-in's delay is in each: its sleep between its read and queued stamps never
-    # ends early (up to asyncio's 1 ns clock resolution and two time.time() roundings,
-    # 0.24 us each at this epoch: 1 us allowed)
-    assert outside.min() >= REQUEST_DELAY_MS - 1e-3, outside.min()
+    # the stand-in's delay is in each: we send before it reads, it stamps the first token
+    # before it writes it, and its sleep between its read and queued stamps never ends
+    # early; up to asyncio's 1 ns clock resolution, two time.time() roundings (0.24 us each
+    # at this epoch: 1 us allowed) and the wall clock's slew against ours (NTP's at most
+    # 500 ppm of the interval)
+    assert np.all(outside >= REQUEST_DELAY_MS - 1e-3 - 5e-4 * ttft_ms), outside.min()
     # the fitted overhead is one number for every request's outside: matching TTFT
     # percentiles puts it among the requests' own outsides (within their largest distance
     # from their mean, measured), moved by what it trades against the engine's part of
