@@ -24,6 +24,7 @@ and the process can exit.
 from __future__ import annotations
 
 import math
+import queue
 import signal
 import threading
 import time
@@ -128,7 +129,14 @@ def stop_on_signals(driver: Stoppable, mode: str, enabled: bool = True) -> Itera
         else:
             driver.hurry()
 
-    on_signal = _one_at_a_time(act)
+    inbox: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    acting = threading.Thread(target=_act_in_order, args=(inbox, act), daemon=True,
+                              name="servelab-signals")
+    acting.start()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        inbox.put(signum)  # SimpleQueue.put takes no Python lock: safe in a handler
+
     previous = {name: signal.signal(getattr(signal, name), on_signal)
                 for name in STOP_SIGNALS if hasattr(signal, name)}
     try:
@@ -136,37 +144,24 @@ def stop_on_signals(driver: Stoppable, mode: str, enabled: bool = True) -> Itera
     finally:
         for name, handler in previous.items():
             signal.signal(getattr(signal, name), handler)
+        inbox.put(None)  # after the signals that came: act on them, then end
+        acting.join(_ACT_JOIN_S)
 
 
-def _one_at_a_time(act: Callable[[int], None]) -> Callable[[int, FrameType | None], None]:
-    """A signal handler that runs ``act(signum)`` for every signal, never one inside another.
+_ACT_JOIN_S = 5.0  # at most this long for the signals' stop() and hurry() calls to return
 
-    Python runs a handler in the main thread between bytecodes, so a second signal can run
-    the handler again inside the first one's ``act``: with ``act`` inside
-    ``threading.Event.set`` (which holds the event's lock, not reentrant), a nested
-    ``stop()`` or ``hurry()`` setting the same event would wait on that lock for ever. Here a
-    nested call only queues its signal; the outer call runs it once its own ``act`` returned.
+
+def _act_in_order(inbox: queue.SimpleQueue[int | None], act: Callable[[int], None]) -> None:
+    """Run ``act(signum)`` for each signal put in ``inbox``, one after another, until None.
+
+    The signal handler only puts the signal here; this thread calls the driver. A handler
+    runs in the main thread between any two bytecodes, possibly while that thread holds a
+    lock ``stop()`` or ``hurry()`` needs (inside ``queue.Queue.get`` or ``Event.set``, or
+    inside a first handler's own ``stop()``): called from the handler, they would wait on
+    it for ever. From this thread they wait until the main thread lets it go.
     """
-    pending: list[int] = []
-    busy = [False]
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        pending.append(signum)
-        if busy[0]:
-            return  # inside an outer call: it runs this signal after its own
-        while True:
-            busy[0] = True
-            try:
-                while pending:
-                    act(pending.pop(0))
-            finally:
-                busy[0] = False
-            # a signal queued between the last check and the flag's reset is run here; one
-            # after the reset ran itself
-            if not pending:
-                return
-
-    return on_signal
+    while (signum := inbox.get()) is not None:
+        act(signum)
 
 
 JOIN_SLICE_S = 0.05  # join_within waits in slices of at most this long

@@ -223,24 +223,19 @@ def main() -> None:
     serve.run(app, name="servelab", route_prefix="/", blocking=False)
     done = threading.Event()
     signals: list[int] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        # only the first signal sets the event: a second one can run this handler inside
-        # the first one's done.set(), which holds the event's lock (not reentrant)
-        signals.append(signum)
-        if len(signals) == 1:
-            done.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # the handler takes no lock: it runs in the main thread between any two bytecodes, also
+    # inside that thread's own done.set() or done.wait() (which hold the event's lock)
+    signal.signal(signal.SIGTERM, lambda signum, frame: signals.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, frame: signals.append(signum))
     print("servelab: serving", flush=True)  # serve.run returned: every replica is running
     poller = None
     if CFG.get("replica_log"):
         poller = threading.Thread(target=_poll_replicas, daemon=True, args=(
             CFG["replica_log"], float(CFG.get("replica_poll_s", 0.25)), done))
         poller.start()
-    while not done.wait(0.5):
-        pass
+    while not signals:
+        time.sleep(0.1)
+    done.set()
     if poller is not None:
         poller.join(5)
     serve.shutdown()

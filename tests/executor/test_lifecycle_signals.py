@@ -1,13 +1,16 @@
-"""``stop_on_signals``: a signal that arrives while the handler is still acting on the one
-before it (Python runs the handler again, nested, between the first one's bytecodes) is acted
-on after it, not inside it. Nested, a ``hurry()`` setting the event whose ``set()`` the
-outer ``stop()`` is inside would wait on that event's lock for ever.
+"""``stop_on_signals``: the handler calls the driver from no lock the main thread may hold.
+Python runs a handler in the main thread between any two bytecodes: inside the first
+signal's ``stop()`` (a second signal), or inside ``queue.Queue.get`` or ``Event.set`` of the
+driver's own loop. Called from there, a ``stop()`` or ``hurry()`` taking the same lock would
+wait on it for ever; the handler only queues the signal and a thread acts on it in order.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
+from typing import Any
 
 import pytest
 
@@ -23,6 +26,7 @@ class _Driver:
         self.nested = nested
         self.inside = False
         self.lock = threading.Lock()  # as Event.set holds its condition's lock
+        self.handler: Any = None  # the installed handler, as a signal would run it
 
     def _enter(self, name: str) -> None:
         assert not self.inside, f"{name}() ran inside another call: {self.calls}"
@@ -35,9 +39,11 @@ class _Driver:
 
     def stop(self, mode: str = "drain") -> None:
         self._enter("stop")
-        with self.lock:
-            while self.nested:  # a signal arrives while the lock is held
-                signal.getsignal(self.nested.pop(0))(signal.SIGINT, None)  # type: ignore[operator]
+        acquired = self.lock.acquire(timeout=2.0)  # from the main thread holding it: for ever
+        assert acquired, "stop() waited on a lock the main thread holds"
+        while self.nested:  # a signal arrives while the lock is held
+            self.handler(self.nested.pop(0), None)
+        self.lock.release()
         self._leave("stop")
 
     def hurry(self) -> None:
@@ -47,13 +53,22 @@ class _Driver:
         self.lock.release()
         self._leave("hurry")
 
+    def wait_for(self, n_calls: int) -> None:
+        """Until ``n_calls`` calls returned (the signals are acted on by another thread)."""
+        deadline_s = time.monotonic() + 5.0
+        while (sum(e == "leave" for _, e in self.calls) < n_calls
+               and time.monotonic() < deadline_s):
+            time.sleep(0.002)
+
 
 @pytest.mark.parametrize("n_nested", [1, 2])
 def test_a_signal_during_the_first_ones_stop_escalates_after_it_not_inside_it(
         n_nested: int) -> None:
     driver = _Driver(nested=[signal.SIGTERM] * n_nested)
     with stop_on_signals(driver, "drain"):
-        signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # type: ignore[operator]
+        driver.handler = signal.getsignal(signal.SIGINT)
+        driver.handler(signal.SIGINT, None)
+        driver.wait_for(1 + n_nested)
     assert driver.stopped_by == "SIGINT"
     assert driver.calls == [("stop", "enter"), ("stop", "leave")] + [
         ("hurry", "enter"), ("hurry", "leave")] * n_nested
@@ -62,8 +77,30 @@ def test_a_signal_during_the_first_ones_stop_escalates_after_it_not_inside_it(
 def test_the_handler_takes_later_signals_after_a_nested_one() -> None:
     driver = _Driver(nested=[signal.SIGINT])
     with stop_on_signals(driver, "abandon"):
-        handler = signal.getsignal(signal.SIGTERM)
-        handler(signal.SIGTERM, None)  # type: ignore[operator]
-        handler(signal.SIGTERM, None)  # type: ignore[operator]  # not lost to a stuck flag
+        driver.handler = signal.getsignal(signal.SIGTERM)
+        driver.handler(signal.SIGTERM, None)
+        driver.handler(signal.SIGTERM, None)  # not lost behind the nested one
+        driver.wait_for(3)
     assert driver.stopped_by == "SIGTERM"
     assert [c for c, e in driver.calls if e == "enter"] == ["stop", "hurry", "hurry"]
+
+
+def test_a_signal_while_the_main_thread_holds_the_drivers_lock_is_acted_on_after_it() -> None:
+    driver = _Driver(nested=[])
+    with stop_on_signals(driver, "drain"):
+        with driver.lock:  # as the loop inside Queue.get holds the queue's mutex
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # type: ignore[operator]
+            time.sleep(0.05)  # the handler has returned; stop() waits for the lock
+        driver.wait_for(1)
+    assert driver.calls == [("stop", "enter"), ("stop", "leave")]
+    assert driver.stopped_by == "SIGINT"
+
+
+def test_a_real_signal_stops_the_driver_and_the_previous_handler_comes_back() -> None:
+    driver = _Driver(nested=[])
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_on_signals(driver, "drain"):
+        signal.raise_signal(signal.SIGTERM)
+    assert driver.stopped_by == "SIGTERM" and driver.calls == [("stop", "enter"),
+                                                               ("stop", "leave")]
+    assert signal.getsignal(signal.SIGTERM) is before
