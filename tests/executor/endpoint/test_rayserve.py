@@ -306,6 +306,13 @@ def _edge_bound_requests(out: Path, repeats: int, replications: int, drain_s: fl
     """
     lives = [pd.read_parquet(out / f"live-{i}" / "requests.parquet")
              for i in range(1, repeats + 1)]
+    for i, t in enumerate(lives, 1):  # the window the throughput is counted over
+        summary = json.loads((out / f"live-{i}" / "summary.json").read_text())
+        assert summary["window_s"] == pytest.approx(edges_s[1] - edges_s[0], rel=1e-12), (
+            summary["window_s"], edges_s)
+        # every request answered ok: a failed one counts as in flight at an edge below and
+        # would widen the bound by itself, so a bench losing requests as errors would pass
+        assert (t["status"].astype(str) == "ok").all(), t["status"].value_counts()
     live_n = [_in_flight_at_edges(
         np.minimum(t["scheduled_s"].to_numpy(), t["arrival_s"].to_numpy()),
         t["finish_s"].to_numpy(), (t["status"] == "ok").to_numpy(), edges_s) for t in lives]
@@ -316,6 +323,7 @@ def _edge_bound_requests(out: Path, repeats: int, replications: int, drain_s: fl
         runs = [sim.run(run_dir / "scenario.yaml", service_seed=i * 10_000 + j,
                         drain_timeout_s=drain_s) for j in range(1, replications)]
         tables += [r.requests for r in runs]
+        assert all((t["status"].astype(str) == "ok").all() for t in tables)
         for t in tables:  # one schedule: every request the simulator had, the bench sent
             for live in lives:
                 np.testing.assert_allclose(np.sort(t["arrival_s"].to_numpy()),
