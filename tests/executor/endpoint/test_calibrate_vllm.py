@@ -106,6 +106,12 @@ def test_calibrate_then_compare_on_vllm(vllm_server: Any, tmp_path: Path) -> Non
                        ((live["finish_s"] - live["arrival_s"]).mean(),
                         "e2e_request_latency_seconds_sum")):
         assert ours >= server_delta(bench_meta, name) / served, (name, ours)
+    # and the summary's rows read in ms from those seconds: the p50s lie among the requests'
+    # own values x 1000 (a row in seconds, or x 1e6, falls outside)
+    for key, ours_s in (("ttft_ms.p50", live["first_token_s"] - live["arrival_s"]),
+                        ("e2e_ms.p50", live["finish_s"] - live["arrival_s"])):
+        assert ours_s.min() * 1e3 <= rows[key]["live_median"] <= ours_s.max() * 1e3, (
+            key, rows[key], ours_s.describe())
     # the prediction from the probed profile and the calibrated overheads: the first request
     # of the seeded schedule finds the simulated engine empty, so its TTFT is the request
     # overhead plus its prefill step alone, exactly (up to rounding); a profile read in the
@@ -117,3 +123,9 @@ def test_calibrate_then_compare_on_vllm(vllm_server: Any, tmp_path: Path) -> Non
     lone_ms = data["overheads_ms"]["request_ms"] + probed.step_s(100, 0, 0) * 1e3
     assert (first["first_token_s"] - first["arrival_s"]) * 1e3 == pytest.approx(
         lone_ms, rel=1e-9), (first, lone_ms)
+    # a gross-error guard, not a tolerance: a prediction twice the run it was probed for
+    # (or more), or with the sign of its error flipped beyond -100%, is a bug (a profile
+    # read 10x off, a wrong step model), not this machine's noise; how close it comes is
+    # fidelity_vllm's question
+    for key in ("ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"):
+        assert abs(rows[key]["rel_error"]) < 1.0, (key, rows[key])
