@@ -48,7 +48,7 @@ class Batcher:
         self.task = asyncio.get_running_loop().create_task(self._loop())
 
     async def submit(self) -> int:
-        """Wait for this request's batch to finish; return the batch's size."""
+        """Wait for this request's batch to finish; return its index in ``sizes``."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.queue.append(fut)
         self.wake.set()
@@ -81,7 +81,7 @@ class Batcher:
             self.sizes.append(len(batch))
             for fut in batch:
                 if not fut.done():
-                    fut.set_result(len(batch))
+                    fut.set_result(len(self.sizes) - 1)
 
 
 class StubV2:
@@ -90,6 +90,10 @@ class StubV2:
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.batchers: dict[str, Batcher] = {}
+        # per ``batch`` model, per answered request (in the order they were answered): how
+        # late its outside sleep ended (s), and the index of the batch it rode in
+        self.outside_late_s: dict[str, list[float]] = {}
+        self.request_batch: dict[str, list[int]] = {}
 
     def _answer(self, model: str, rows: int, width: int = 2) -> dict[str, Any]:
         return {"model_name": model, "model_version": "1", "outputs": [{
@@ -114,15 +118,20 @@ class StubV2:
             await asyncio.sleep(float(args[0]) / (1e3 if mode == "sleep" else 1.0)
                                 if args else 60.0)
         if mode == "batch":
+            outside_s = float(args[4]) / 1e3 if len(args) > 4 else 0.0
+            t0 = time.perf_counter()
             if len(args) > 4:
-                await asyncio.sleep(float(args[4]) / 1e3)
+                await asyncio.sleep(outside_s)
+            outside_late_s = max(time.perf_counter() - t0 - outside_s, 0.0)
             batcher = self.batchers.get(model)
             if batcher is None:
                 given = [*args, *("8", "5", "5", "1")[len(args):]][:4]
                 size, window, base, per = (float(a) for a in given)
                 batcher = self.batchers[model] = Batcher(int(size), window / 1e3, base / 1e3,
                                                          per / 1e3)
-            await batcher.submit()
+            index = await batcher.submit()
+            self.outside_late_s.setdefault(model, []).append(outside_late_s)
+            self.request_batch.setdefault(model, []).append(index)
         rows_out = rows + 1 if mode == "badshape" else rows
         return web.json_response(self._answer(model, rows_out) if kserve else
                                  {"outputs": [[0.5, 0.5]] * rows_out})
@@ -164,13 +173,17 @@ class StubV2:
 
     async def batches(self, request: web.Request) -> web.Response:
         """``GET /stub/batches/{name}``: the sizes of the batches a ``batch`` model ran, and
-        how late each one's timers (window, service) fired, in seconds.
+        how late each one's timers (window, service) fired, in seconds; per answered request
+        (in the order answered), how late its outside sleep ended (s) and its batch's index.
         """
-        batcher = self.batchers.get(request.match_info["name"])
+        name = request.match_info["name"]
+        batcher = self.batchers.get(name)
         return web.json_response({
             "sizes": batcher.sizes if batcher else [],
             "window_late_s": batcher.window_late_s if batcher else [],
-            "service_late_s": batcher.service_late_s if batcher else []})
+            "service_late_s": batcher.service_late_s if batcher else [],
+            "outside_late_s": self.outside_late_s.get(name, []),
+            "request_batch": self.request_batch.get(name, [])})
 
     async def ready(self, request: web.Request) -> web.Response:
         """Up."""
