@@ -161,7 +161,8 @@ def kserve_minilm(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 def stub_batch_record(url: str, model: str) -> dict[str, list[float]]:
     """``GET /stub/batches/{model}`` of the request-level stub: its batcher's batch sizes and
-    its timers' lateness (s) per batch, window and service apart."""
+    its timers' lateness (s) per batch, window and service apart; per answered request, its
+    outside sleep's lateness (s) and its batch's index."""
     import json as _json
     import urllib.parse
     import urllib.request
