@@ -123,9 +123,3 @@ def test_calibrate_then_compare_on_vllm(vllm_server: Any, tmp_path: Path) -> Non
     lone_ms = data["overheads_ms"]["request_ms"] + probed.step_s(100, 0, 0) * 1e3
     assert (first["first_token_s"] - first["arrival_s"]) * 1e3 == pytest.approx(
         lone_ms, rel=1e-9), (first, lone_ms)
-    # a gross-error guard, not a tolerance: a prediction twice the run it was probed for
-    # (or more), or with the sign of its error flipped beyond -100%, is a bug (a profile
-    # read 10x off, a wrong step model), not this machine's noise; how close it comes is
-    # fidelity_vllm's question
-    for key in ("ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"):
-        assert abs(rows[key]["rel_error"]) < 1.0, (key, rows[key])
