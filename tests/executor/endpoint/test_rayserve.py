@@ -129,7 +129,10 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
                                  model={"name": "ray-minilm, this run's batches"},
                                  device={"kind": "endpoint"}, extrapolate=True)
     run_path = run_profile.save(tmp_path / "ray-run.json")
-    predicted = sim.run(scenario, {"service": {"kind": "profile", "path": str(run_path)}})
+    # (extrapolate in the scenario too: the saved profile does not carry the flag, and the
+    # simulator can form a batch larger than any Ray ran in this run)
+    predicted = sim.run(scenario, {"service": {"kind": "profile", "path": str(run_path),
+                                               "extrapolate": True}})
     # the path outside the replica (proxy, router, client), per request of this bench: its
     # latency less the time the replica held it (the replica's request log)
     lat_ms, replica_ms, ids = _latency_split_ms(measured.requests, held)
