@@ -296,10 +296,13 @@ def probe(runner: ModelRunner, profile: LatencyProfile, sizes: Sequence[int], *,
     if cold_size:
         idle_s = float((profile.meta.get("cold") or {}).get("idle_ms", 50.0)) / 1e3
         warm_s = model.get(cold_size, speed * profile.median_s(cold_size))
-        # the arrivals are paced, so the run lasts n periods plus one live run's start-up
+        # the arrivals are paced (the first one period after the start), so the run lasts
+        # one live run's start-up, n periods and the last batch, which runs cold: the
+        # profile's cold median at this run's speed
         period_s = idle_s + 1.2 * warm_s
-        n = min(int((deadline_s - time.perf_counter() - plan.call_s * plan.fix) / period_s),
-                max_reps)
+        last_s = max(warm_s, speed * float(np.median(profile.cold_samples_s[cold_size])))
+        n = min(int((deadline_s - time.perf_counter() - plan.fix * (plan.call_s + last_s))
+                    / period_s), max_reps)
         if n >= 3:  # fewer cold batches say nothing: no cold scale rather than overrun
             cold_times = _cold(runner, n, idle_s, warm_s, profile.cold_after_s, seed)
             if cold_times.size:
