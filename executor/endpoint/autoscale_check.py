@@ -78,6 +78,7 @@ class AutoscaleDay:
     upscale_delay_s: float = 1.0
     downscale_delay_s: float = 5.0
     look_back_period_s: float = 2.0
+    aggregation_function: str = "mean"  # Ray's default
     startup_delay_s: float = 2.0
     graceful_shutdown_wait_loop_s: float | None = 2.0  # Ray's default, set explicitly
     max_ongoing_requests: int = 64
@@ -105,6 +106,7 @@ class AutoscaleDay:
                     "upscale_delay_s": self.upscale_delay_s,
                     "downscale_delay_s": self.downscale_delay_s,
                     "look_back_period_s": self.look_back_period_s,
+                    "aggregation_function": self.aggregation_function,
                     "metrics_interval_s": float(PUSH_ENV[
                         "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S"])}}
 
@@ -141,6 +143,7 @@ class AutoscaleDay:
                     "upscale_delay_s": self.upscale_delay_s,
                     "downscale_delay_s": self.downscale_delay_s,
                     "look_back_period_s": self.look_back_period_s,
+                    "aggregation_function": self.aggregation_function,
                     "control_period_s": RECORD_FACTOR * self.look_back_period_s,
                     "cold_start_s": cold_start_s,
                     "graceful_shutdown_wait_loop_s":

@@ -6,8 +6,9 @@ asks :meth:`Autoscaler.desired` on every control period (``control_period_s``) a
 request arrives to an empty fleet (no replica ready or starting); the answer is clipped to
 ``[min_replicas, max_replicas]`` by the policy itself.
 
-* :class:`TargetOngoing` follows Ray Serve's default policy: the mean number of ongoing
-  requests (queued + running) over ``look_back_period_s`` divided by
+* :class:`TargetOngoing` follows Ray Serve's default policy: the mean (or, as Ray's
+  ``aggregation_function`` says, the largest or smallest) number of ongoing requests
+  (queued + running) sampled over ``look_back_period_s`` divided by
   ``target_ongoing_requests``; the change from the current count is multiplied by
   ``upscaling_factor``/``downscaling_factor``; a decision to go up (down) must hold for
   ``upscale_delay_s`` (``downscale_delay_s``) before it is acted on; from zero replicas with
@@ -84,8 +85,11 @@ class _Bounded:
         return max(self.min_replicas, min(self.max_replicas, n))
 
 
+AGGREGATIONS = ("mean", "max", "min")
+
+
 class _Window:
-    """Samples of the ongoing-request count; means over trailing windows."""
+    """Samples of the ongoing-request count; means (or extremes) over trailing windows."""
 
     def __init__(self, keep_s: float) -> None:
         self.keep_s = keep_s
@@ -97,8 +101,20 @@ class _Window:
             self._samples.popleft()
 
     def mean(self, now_s: float, window_s: float) -> float:
+        return self.aggregate(now_s, window_s, "mean")
+
+    def aggregate(self, now_s: float, window_s: float, how: str) -> float:
+        """The samples since ``now_s - window_s`` reduced by ``how`` (mean, max or min;
+        0 without samples).
+        """
         values = [v for t, v in self._samples if t >= now_s - window_s]
-        return sum(values) / len(values) if values else 0.0
+        if not values:
+            return 0.0
+        if how == "max":
+            return float(max(values))
+        if how == "min":
+            return float(min(values))
+        return sum(values) / len(values)
 
 
 class TargetOngoing(_Bounded):
@@ -108,8 +124,15 @@ class TargetOngoing(_Bounded):
                  initial_replicas: int | None = None, target_ongoing_requests: float = 2.0,
                  upscale_delay_s: float = 30.0, downscale_delay_s: float = 600.0,
                  look_back_period_s: float = 30.0, upscaling_factor: float = 1.0,
-                 downscaling_factor: float = 1.0) -> None:
+                 downscaling_factor: float = 1.0, aggregation_function: str = "mean") -> None:
+        if aggregation_function not in AGGREGATIONS:
+            raise ValueError(f"autoscaling.aggregation_function: {aggregation_function!r}; "
+                             f"one of {', '.join(AGGREGATIONS)}")
         super().__init__(min_replicas, max_replicas, initial_replicas)
+        # Ray's reduction of the ongoing total over the look-back window (its
+        # ``aggregate_timeseries``: a time-weighted mean, or the largest / smallest point in
+        # the window); here of the samples, one per control period
+        self.aggregation_function = aggregation_function
         self.target = target_ongoing_requests
         self.upscale_delay_s, self.downscale_delay_s = upscale_delay_s, downscale_delay_s
         self.look_back_period_s = look_back_period_s
@@ -129,7 +152,8 @@ class TargetOngoing(_Bounded):
         if current == 0:  # scale from zero at once when anything waits
             return self._clip(max(1, math.ceil(view.ongoing / self.target))) \
                 if view.ongoing else self._clip(0)
-        raw = self._window.mean(now, self.look_back_period_s) / self.target
+        raw = self._window.aggregate(now, self.look_back_period_s,
+                                     self.aggregation_function) / self.target
         factor = self.upscaling_factor if raw > current else self.downscaling_factor
         wanted = self._clip(math.ceil(current + factor * (raw - current) - 1e-9))
         if wanted > current:

@@ -228,6 +228,22 @@ def test_policies_follow_their_rules_on_hand_made_views() -> None:
         == [1, 1, 4, 2]
 
 
+@pytest.mark.parametrize(("how", "want"), [("mean", 3), ("max", 5), ("min", 1)])
+def test_target_reduces_the_look_back_window_as_ray_s_aggregation_function(
+        how: str, want: int) -> None:
+    # samples of the ongoing count, one a second, over a 3 s look-back on 1 replica with a
+    # target of 2: 12 (dropped: older than the window), then 2, 10, 6 -> mean 6, max 10,
+    # min 2 -> ceil(x / 2) replicas (Ray's aggregate_timeseries: the window's time-weighted
+    # mean, or its largest / smallest point); with no delay the answer comes at once
+    rule = TargetOngoing(min_replicas=1, max_replicas=10, target_ongoing_requests=2,
+                         upscale_delay_s=0, downscale_delay_s=0, look_back_period_s=2,
+                         aggregation_function=how)
+    answers = [rule.desired(FleetView(float(t), 1, 0, q, 0))
+               for t, q in enumerate((12, 2, 10, 6))]
+    assert answers[-1] == want, answers
+    assert answers[0] == 6  # one sample: every reduction is that sample
+
+
 def test_the_fleet_records_each_consultation_only_when_asked() -> None:
     def fleet() -> Fleet:
         return Fleet(3, TargetOngoing(min_replicas=1, max_replicas=3, target_ongoing_requests=2,
@@ -256,6 +272,8 @@ def test_the_fleet_records_each_consultation_only_when_asked() -> None:
     ({"kind": "schedule", "steps": [[10, 1], [0, 2]], "cold_start_s": 1},
      "autoscaling.steps: start times must increase"),
     ({"kind": "elastic"}, "autoscaling.kind: unknown value 'elastic'"),
+    ({"kind": "target", "aggregation_function": "median", "cold_start_s": 1},
+     "autoscaling.aggregation_function"),
     ({"kind": "target", "max_replicas": 2}, "autoscaling.cold_start_s: the service has no "
      "measured cold starts"),
 ])
