@@ -9,6 +9,7 @@ traceback from a widget that was handed a value it cannot hold.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dashboard.state import parse_upload
@@ -30,10 +31,22 @@ RANGES: dict[str, tuple[float, float]] = {
     "workload.think_ms": (0.0, 60_000.0),
     "queue.max_len": (0, 100_000), "queue.timeout_ms": (0.0, 600_000.0),
     "replicas": (1, 32), "slo_ms": (1.0, 600_000.0), "seed": (0, 1_000_000),
+    "workload.rates_rps.0": (0.1, 100_000.0), "workload.rates_rps.1": (0.0, 100_000.0),
+    "autoscaling.min_replicas": (0, 16), "autoscaling.max_replicas": (1, 16),
+    "autoscaling.cold_start_s": (0.0, 600.0),
+    "autoscaling.target_ongoing_requests": (0.1, 1000.0),
+    "autoscaling.upscale_delay_s": (0.0, 120.0), "autoscaling.downscale_delay_s": (0.0, 600.0),
+    "autoscaling.look_back_period_s": (0.5, 60.0),
+    "autoscaling.target_concurrency": (0.1, 1000.0),
+    "autoscaling.stable_window_s": (1.0, 300.0), "autoscaling.panic_window_s": (0.5, 60.0),
+    "autoscaling.scale_to_zero_grace_s": (0.0, 300.0),
+    "price_per_replica_hour": (0.0, 1000.0), "workload.mean_dwell_s": (0.1, 30.0),
 }
 CHOICES: dict[str, list[str]] = {
     "workload.kind": WORKLOAD_KINDS, "policy.kind": POLICY_KINDS, "routing": ROUTINGS,
     "queue.discipline": DISCIPLINES, "autoscaling.kind": AUTOSCALERS,
+    "autoscaling.aggregation_function": ["mean", "max", "min"],
+    "policy.timer": ["request", "first"],
 }
 
 
@@ -44,10 +57,33 @@ class RestoreError(UserError):
 def _get(data: dict[str, Any], dotted: str) -> Any:
     node: Any = data
     for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
             return None
-        node = node[part]
     return node
+
+
+def forget_widgets_once(raw: bytes, marker: str, prefixes: tuple[str, ...],
+                        keep: tuple[str, ...] = ()) -> None:
+    """Drop the page's widget states the first time a file is restored, so that the
+    widgets are drawn anew with the file's values as their defaults (a keyed widget keeps
+    its state and ignores a new default); the same file on later reruns leaves the user's
+    changes alone. ``marker``: the session-state key that remembers the file.
+    """
+    import hashlib
+
+    import streamlit as st
+
+    digest = hashlib.sha256(raw).hexdigest()
+    if st.session_state.get(marker) == digest:
+        return
+    st.session_state[marker] = digest
+    for key in [k for k in st.session_state if isinstance(k, str)
+                and k.startswith(prefixes) and k not in (marker, *keep)]:
+        del st.session_state[key]
 
 
 def restorable(raw: bytes, name: str) -> dict[str, Any]:
@@ -88,4 +124,37 @@ def restorable(raw: bytes, name: str) -> dict[str, Any]:
                 low <= value <= high):
             raise RestoreError(f"{name}: {key} {value:g}: this page's control allows "
                                f"{low:g} to {high:g}; run the file with `servelab simulate`")
+    if _get(data, "policy.kind") == "fixed" and _get(data, "policy.timeout_ms") is None:
+        raise RestoreError(f"{name}: policy.timeout_ms: none (wait for a full batch): this "
+                           "page's control needs a number of ms; run the file with "
+                           "`servelab simulate`")
     return data
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def unshown_fields(loaded: dict[str, Any], scenario: dict[str, Any]) -> list[str]:
+    """The restored file's fields the page's scenario does not hold as the file has them
+    (no control for them, or a control that rounds: a whole-second duration): what a user
+    must be told was left behind. A field the file leaves unset (None) counts as held.
+    """
+    have = _flat(scenario)
+    out = []
+    for key, value in _flat(loaded).items():
+        if key == "name" or value is None:
+            continue
+        got = have.get(key)
+        same = (math.isclose(float(value), float(got), rel_tol=1e-9, abs_tol=1e-12)
+                if isinstance(value, int | float) and isinstance(got, int | float)
+                and not isinstance(value, bool) and not isinstance(got, bool)
+                else value == got)
+        if not same:
+            out.append(key)
+    return out

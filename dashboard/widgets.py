@@ -28,7 +28,7 @@ def policy_widgets(prefix: str, defaults: dict[str, Any] | None = None) -> dict[
                                          key=f"{prefix}-batch")
         policy["timeout_ms"] = st.number_input(t("flush a partial batch after (ms)"), 0.0, 10_000.0,
                                                float(d.get("timeout_ms", 20.0)),
-                                               key=f"{prefix}-timeout")
+                                               key=f"{prefix}-flush")
     if kind == "dynamic":
         policy["max_wait_ms"] = st.slider(t("max wait (ms)"), 0.0, 100.0,
                                           float(d.get("max_wait_ms", 5.0)), 0.5,
@@ -73,7 +73,8 @@ def workload_widgets(prefix: str, defaults: dict[str, Any] | None = None) -> dic
                                float(d.get("rates_rps", [100.0, 10.0])[0]), key=f"{prefix}-hi")
         low = st.number_input(t("quiet rate (req/s)"), 0.0, 100_000.0,
                               float(d.get("rates_rps", [100.0, 10.0])[1]), key=f"{prefix}-lo")
-        dwell = st.slider(t("mean state duration (s)"), 0.1, 30.0, 2.0, key=f"{prefix}-dwell")
+        dwell = st.slider(t("mean state duration (s)"), 0.1, 30.0,
+                          float(d.get("mean_dwell_s", 2.0)), key=f"{prefix}-dwell")
         workload.update({"rates_rps": [high, low], "mean_dwell_s": dwell})
     if kind == "closed":
         workload["clients"] = st.slider(t("clients"), 1, 256, int(d.get("clients", 8)),
@@ -96,8 +97,10 @@ def autoscaling_widgets(kind: str, defaults: dict[str, Any] | None = None
                        (int(d.get("min_replicas", 0 if zero else 1)),
                         int(d.get("max_replicas", 4))), key=f"scaling-{kind}-bounds")
     out.update({"min_replicas": lo, "max_replicas": max(hi, 1)})
-    out["cold_start_s"] = st.number_input(t("cold start (s) when the profile has none"), 0.0, 600.0,
-        float(d.get("cold_start_s", 5.0)), key=f"scaling-{kind}-cold",
+    cold_s = d.get("cold_start_s")
+    out["cold_start_s"] = st.number_input(
+        t("cold start (s) when the profile has none"), 0.0, 600.0,
+        float(5.0 if cold_s is None else cold_s), key=f"scaling-{kind}-cold",
         help="Load weights, move to the device, first forward; used when the profile was "
              "calibrated without --load-reps")
     if kind == "target":
@@ -113,6 +116,13 @@ def autoscaling_widgets(kind: str, defaults: dict[str, Any] | None = None
         out["look_back_period_s"] = st.slider(t("look-back period (s)"), 0.5, 60.0,
                                               float(d.get("look_back_period_s", 5.0)),
                                               key="scaling-target-look")
+        ways = ["mean", "max", "min"]
+        way = str(d.get("aggregation_function", "mean"))
+        out["aggregation_function"] = st.selectbox(
+            t("look-back reduction"), ways, index=ways.index(way) if way in ways else 0,
+            key="scaling-target-agg",
+            help="Ray Serve's aggregation_function: the window's mean ongoing count, or its "
+                 "peak (scales up sooner, down later) or trough")
     else:
         out["target_concurrency"] = st.number_input(
             t("target concurrency per replica"), 0.1, 1000.0,

@@ -44,6 +44,9 @@ ZH: dict[str, str] = {
     "stream": "请求流",
     # verdicts
     "stable": "稳定", "unstable": "不稳定", "saturated": "饱和", "This run is": "本次运行",
+    "Restored without": "恢复时未包含",
+    "no control here; run the file with servelab simulate":
+        "此页面没有对应的控件；请用 servelab simulate 运行该文件",
     # figure titles, axes, legends
     "latency CDF": "延迟累积分布", "latency (ms)": "延迟（毫秒）",
     "fraction of requests": "请求占比", "latency percentiles": "延迟分位数",
@@ -134,6 +137,7 @@ ZH: dict[str, str] = {
     "cold start (s) when the profile has none": "冷启动（秒，性能曲线未给出时）",
     "downscale delay (s)": "缩容延迟（秒）", "flush a partial batch after (ms)":
         "未满批次的发出时间（毫秒）", "look-back period (s)": "回看周期（秒）",
+        "look-back reduction": "回看窗口的聚合方式",
     "max batch size": "最大批大小", "max wait (ms)": "最大等待（毫秒）",
     "mean state duration (s)": "平均状态时长（秒）", "panic window (s)": "恐慌窗口（秒）",
     "policy": "策略", "quiet rate (req/s)": "平静速率（请求/秒）",

@@ -9,7 +9,7 @@ import streamlit as st
 
 from dashboard import figures
 from dashboard.i18n import chart, frame, t
-from dashboard.restore import RestoreError, restorable
+from dashboard.restore import RestoreError, forget_widgets_once, restorable, unshown_fields
 from dashboard.state import fmt, profile_choice, run_scenario
 from dashboard.widgets import autoscaling_widgets, policy_widgets, workload_widgets
 from sim.metrics.stability import stability_warning
@@ -34,6 +34,9 @@ if restore is not None:
         loaded = restorable(restore.getvalue(), restore.name)
     except RestoreError as exc:
         st.error(f"Could not restore {exc}")
+    else:
+        forget_widgets_once(restore.getvalue(), "explore-restored",
+                            ("explore-", "scaling-"), keep=("explore-tab",))
 
 left, right = st.columns([1, 3])
 with left:
@@ -108,6 +111,10 @@ if policy["kind"] == "aimd":
     scenario["policy"]["slo_ms"] = policy.get("slo_ms", slo_ms)
 
 with right:
+    unshown = unshown_fields(loaded, scenario) if loaded else []
+    if unshown:  # said once, in one line: the run below is not quite the file
+        st.warning(f"{t('Restored without')}: {', '.join(unshown)} "
+                   f"({t('no control here; run the file with servelab simulate')})")
     result = run_scenario(scenario)
     if result is not None:
         s = result.summary

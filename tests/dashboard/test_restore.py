@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +44,15 @@ def bad_scenarios(tmp_path: Path) -> list[tuple[str, bytes, str]]:
             "queue": yaml.safe_dump({**BASE, "queue": {"max_len": -5}}),
             "batch": yaml.safe_dump({**BASE, "policy": {"kind": "greedy",
                                                         "max_batch_size": 500}}),
+            "timer": yaml.safe_dump({**BASE, "policy": {"kind": "dynamic",
+                                                        "timer": "arrival"}}),
+            "fixed": yaml.safe_dump({**BASE, "policy": {"kind": "fixed", "batch_size": 4}}),
+            "scale": yaml.safe_dump({**BASE, "autoscaling": {"kind": "target",
+                                                             "max_replicas": 20,
+                                                             "cold_start_s": 1}}),
+            "look": yaml.safe_dump({**BASE, "autoscaling": {"kind": "target",
+                                                            "look_back_period_s": 100,
+                                                            "cold_start_s": 1}}),
             "list": "- 1\n- 2\n", "broken": "a: [1,\n"}
     return [("trace.yaml", text["trace"].encode(), "workload.kind 'trace'"),
             ("llm-demo.yaml", (ROOT / "servelab" / "scenarios" / "llm-demo.yaml").read_bytes(),
@@ -52,6 +62,10 @@ def bad_scenarios(tmp_path: Path) -> list[tuple[str, bytes, str]]:
             ("workload.yaml", text["workload"].encode(), "workload"),
             ("queue.yaml", text["queue"].encode(), "max_len"),
             ("batch.yaml", text["batch"].encode(), "policy.max_batch_size 500"),
+            ("timer.yaml", text["timer"].encode(), "policy.timer 'arrival'"),
+            ("fixed.yaml", text["fixed"].encode(), "policy.timeout_ms"),
+            ("scale.yaml", text["scale"].encode(), "autoscaling.max_replicas 20"),
+            ("look.yaml", text["look"].encode(), "autoscaling.look_back_period_s 100"),
             ("list.yaml", text["list"].encode(), "mapping of scenario keys"),
             ("broken.yaml", text["broken"].encode(), "not valid YAML")]
 
@@ -73,6 +87,31 @@ def test_a_good_scenario_file_restores_without_an_error() -> None:
     assert restorable(yaml.safe_dump(BASE).encode(), "good.yaml") == BASE
 
 
+def test_a_restored_file_sets_the_controls_and_names_what_it_left_behind() -> None:
+    # a keyed widget keeps its state and ignores a new default: the restore must draw the
+    # controls anew with the file's values (before, the page kept 40 req/s and no
+    # autoscaler whatever the file said), once, so the user's changes after it stay
+    day = {**BASE, "workload": {"kind": "mmpp", "rates_rps": [80, 5], "mean_dwell_s": 3.0,
+                                "duration_s": 30},
+           "autoscaling": {"kind": "target", "max_replicas": 4, "cold_start_s": 1,
+                           "aggregation_function": "max", "look_back_period_s": 7,
+                           "control_period_s": 0.5}}
+    at = upload("explore", "restore", "day.yaml", yaml.safe_dump(day).encode())
+    assert not at.error, errors(at)
+    assert at.selectbox(key="explore-workload-kind").value == "mmpp"
+    assert float(at.number_input(key="explore-hi").value) == 80.0
+    assert float(at.slider(key="explore-dwell").value) == 3.0
+    assert at.selectbox(key="explore-scaling").value == "target"
+    assert at.selectbox(key="scaling-target-agg").value == "max"  # Ray's aggregation_function
+    assert float(at.slider(key="scaling-target-look").value) == 7.0
+    # what the page has no control for is named in one line (the constant service, the
+    # control period), not dropped silently
+    shown = " ".join(w.value for w in at.warning)
+    assert "Restored without: autoscaling.control_period_s, service.kind, service.ms" in shown
+    at.number_input(key="explore-hi").set_value(90.0).run()  # the user's change stays
+    assert float(at.number_input(key="explore-hi").value) == 90.0 and not at.exception
+
+
 @pytest.mark.parametrize(("name", "content"), [
     ("deep.json", b"[" * 100_000 + b"]" * 100_000),
     ("deep-object.json", b'{"a":' * 100_000 + b"1" + b"}" * 100_000),
@@ -85,3 +124,30 @@ def test_a_deeply_nested_profile_upload_is_refused_cleanly(name: str, content: b
 def test_a_deeply_nested_yaml_restore_is_refused_cleanly() -> None:
     at = upload("explore", "restore", "deep.yaml", b"[" * 5_000 + b"]" * 5_000)
     assert "nested more than 100 levels deep" in errors(at)
+
+
+@pytest.mark.parametrize("section", [
+    {"policy": {"kind": "none"}},
+    {"policy": {"kind": "greedy", "max_batch_size": 16}},
+    # the fixed policy's flush control once shared its key with the queue timeout's: the
+    # page failed with a duplicate key whenever fixed was chosen
+    {"policy": {"kind": "fixed", "batch_size": 4, "timeout_ms": 7}},
+    {"policy": {"kind": "dynamic", "max_batch_size": 8, "max_wait_ms": 2.5, "timer": "first"}},
+    {"policy": {"kind": "aimd", "max_batch_size": 8, "slo_ms": 50}},
+    {"workload": {"kind": "gamma", "rate_rps": 30, "cv": 3, "duration_s": 20}},
+    {"workload": {"kind": "sinusoid", "rate_rps": 30, "amplitude": 0.5, "period_s": 60,
+                  "duration_s": 20}},
+    {"workload": {"kind": "closed", "clients": 4, "think_ms": 50, "duration_s": 20}},
+    {"autoscaling": {"kind": "concurrency", "max_replicas": 3, "cold_start_s": 2,
+                     "stable_window_s": 20, "panic_window_s": 4}},
+], ids=lambda section: "-".join(f"{k}-{v['kind']}" for k, v in section.items()))
+def test_each_kind_restores_onto_its_controls(section: dict[str, Any]) -> None:
+    at = upload("explore", "restore", "k.yaml", yaml.safe_dump({**BASE, **section}).encode())
+    assert not at.error, errors(at)
+    (part, body), = section.items()
+    key = {"policy": "explore-policy-kind", "workload": "explore-workload-kind",
+           "autoscaling": "explore-scaling"}[part]
+    assert at.selectbox(key=key).value == body["kind"]
+    # only the constant service (the page runs profiles) is left behind
+    shown = " ".join(w.value for w in at.warning)
+    assert "Restored without: service.kind, service.ms (" in shown, shown
