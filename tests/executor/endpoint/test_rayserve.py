@@ -411,32 +411,170 @@ def _uvloop_short_ms() -> float:
         + 1e3 * math.ulp(time.time())
 
 
-def _replica_lateness_ms(batches: list[Any], requests: list[Any], max_batch: int,
-                         window_s: float) -> list[float]:
-    """Per request a replica answered (``[id, entered, parsed, answered]``), the time its
-    event loop was late: parsing it, starting its batch past the batcher's due time (the
-    last request's arrival for a full batch, else the first's plus the window) and
-    answering after the batch ended. A request's batch is the last to finish before it was
-    answered (one batch at a time per replica).
+def _replica_lateness_parts(batches: list[Any], requests: list[Any], max_batch: int,
+                            window_s: float) -> dict[str, Any]:
+    """One replica's event-loop lateness, split by where it acts, in s: per request it
+    answered (``[id, entered, parsed, answered]``, in that order) the time parsing it
+    (``parse_s``) and answering after its batch ended (``answer_s``), and the Ray batch it
+    rode (``which``: the last to finish before it was answered, one batch at a time per
+    replica; -1 for none); per batch (``batches`` ``[size, start, end]``, sorted by end:
+    ``ends``) the time its start came past the batcher's due time (``start_s``: the last
+    request's arrival for a full batch, else the first's plus the window, or the batch
+    before it's end: a batch waiting behind the one before is queueing, not lateness).
     """
     ends = sorted(batches, key=lambda b: b[2])
     finish = np.array([b[2] for b in ends])
-    which = [int(np.searchsorted(finish, r[3], side="right")) - 1 for r in requests]
+    which = np.array([int(np.searchsorted(finish, r[3], side="right")) - 1
+                      for r in requests], dtype=int)
     parsed: dict[int, list[float]] = {}
     for r, k in zip(requests, which, strict=True):
-        parsed.setdefault(k, []).append(r[2])
-    out = []
-    for r, k in zip(requests, which, strict=True):
-        if k < 0:
-            out.append(float("nan"))
-            continue
-        size, start, end = ends[k]
-        mine = sorted(parsed[k])
+        parsed.setdefault(int(k), []).append(r[2])
+    start_s = np.zeros(len(ends))
+    for k, (size, start, _end) in enumerate(ends):
+        mine = sorted(parsed.get(k, [start]))
         due = mine[-1] if size >= max_batch else mine[0] + window_s
-        if k > 0:  # a batch waiting behind the one before is queueing, not lateness
+        if k > 0:
             due = max(due, ends[k - 1][2])
-        out.append(1e3 * ((r[2] - r[1]) + max(0.0, start - due) + (r[3] - end)))
-    return out
+        start_s[k] = max(0.0, start - due)
+    answer_s = np.array([r[3] - (ends[k][2] if k >= 0 else np.nan)
+                         for r, k in zip(requests, which, strict=True)])
+    return {"ends": ends, "which": which, "start_s": start_s, "answer_s": answer_s,
+            "parse_s": np.array([r[2] - r[1] for r in requests], dtype=float)}
+
+
+def _replica_lateness_ms(batches: list[Any], requests: list[Any], max_batch: int,
+                         window_s: float) -> list[float]:
+    """Per request a replica answered (``[id, entered, parsed, answered]``), the time its
+    event loop was late: parsing it, starting its batch past the batcher's due time and
+    answering after the batch ended (:func:`_replica_lateness_parts`); NaN for a request
+    answered before any batch ended.
+    """
+    parts = _replica_lateness_parts(batches, requests, max_batch, window_s)
+    which = parts["which"]
+    start_s = np.where(which >= 0, parts["start_s"][np.maximum(which, 0)], np.nan)
+    return [float(v) for v in 1e3 * (parts["parse_s"] + start_s + parts["answer_s"])]
+
+
+class _LateBatches:
+    """A service model that lengthens a batch by the extra time given for its requests
+    (each request's extra counted in the batch that holds it), for a replay of one
+    replica's batch cycle with the lateness its run measured.
+    """
+
+    def __init__(self, model: Any, extra_s: dict[int, float]) -> None:
+        self.model = model
+        self.extra_s = extra_s
+
+    def sample_s(self, items: int, idle_s: float = 0.0) -> float:
+        raise AssertionError("the replay times each batch by its requests")
+
+    def sample_batch_s(self, batch: Any) -> float:
+        service_s = self.model.sample_s(batch.items, batch.idle_s) + sum(
+            self.extra_s.get(r, 0.0) for r in batch.request_ids)
+        assert service_s >= 0, (batch, service_s)
+        return float(service_s)
+
+    def median_s(self, items: int) -> float:
+        return float(self.model.median_s(items))
+
+    def mean_s(self, items: int) -> float:
+        return float(self.model.mean_s(items))
+
+
+def _replayed_holding_ms(batches: list[Any], requests: list[Any], policy: dict[str, Any],
+                         service: dict[str, Any], run_dir: Path, *, late: bool
+                         ) -> tuple[np.ndarray, list[tuple[np.ndarray, float]]]:
+    """Per request of one replica (``requests``: ``[id, entered, parsed, answered]``, its
+    ``batches``: ``[size, start, end]``), in that order, how long it would have been held
+    (its ``entered`` stamp to its answer, ms) by servelab's simulator running one replica
+    with ``policy`` and the ``service`` line (deterministic) on that replica's own requests.
+
+    ``late=False``: the requests reach the batcher when they entered the replica, and
+    nothing is late. ``late=True``: with the lateness the run measured
+    (:func:`_replica_lateness_parts`): each request reaches the batcher at its ``parsed``
+    stamp; each of Ray's batches adds its start lateness and its duration's excess over the
+    line (negative where it ran short) to the replayed batch holding its first request (in
+    parsed order), so every measured delay is spent once, in the replica's busy time, where
+    the queue behind it waits too; each request's answer lateness is added to its own
+    holding time. Also returns the replayed batches in dispatch order, each the indices of
+    its requests in ``requests`` and its end (unix s).
+    """
+    parts = _replica_lateness_parts(batches, requests, int(policy["max_batch_size"]),
+                                    float(policy["max_wait_ms"]) / 1e3)
+    entered = np.array([r[1] for r in requests], dtype=float)
+    parsed = np.array([r[2] for r in requests], dtype=float)
+    arrive = parsed if late else entered
+    order = np.argsort(arrive, kind="stable")  # the simulator's request ids, in this order
+    t0 = float(arrive[order[0]])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trace = run_dir / f"arrivals-{'late' if late else 'plain'}.csv"
+    pd.DataFrame({"t": arrive[order] - t0}).to_csv(trace, index=False)  # repr: exact
+    extra_s: dict[int, float] = {}
+    if late:
+        which = parts["which"]
+        assert (which >= 0).all()  # every request answered after a batch it rode
+        sim_id = np.empty(order.size, dtype=int)
+        sim_id[order] = np.arange(order.size)
+        base_s, per_item_s = service["base_ms"] / 1e3, service["per_item_ms"] / 1e3
+        for k, (size, start, end) in enumerate(parts["ends"]):
+            mine = np.flatnonzero(which == k)
+            if mine.size == 0:  # a batch of requests this log does not hold (none expected)
+                continue
+            first = int(sim_id[mine[np.argmin(parsed[mine])]])
+            extra_s[first] = extra_s.get(first, 0.0) + float(
+                parts["start_s"][k] + (end - start) - (base_s + per_item_s * size))
+    scenario = {"name": "replica-replay", "seed": 0,
+                "service": {**service, "deterministic": True},
+                "workload": {"kind": "trace", "path": str(trace), "timestamp_column": "t"},
+                "policy": policy, "replicas": 1}
+    result = sim.run(scenario, service=(lambda m: _LateBatches(m, extra_s)) if late else None)
+    table = result.requests.sort_values("id")
+    assert (table["status"].astype(str) == "ok").all()
+    np.testing.assert_allclose(table["arrival_s"].to_numpy(), arrive[order] - t0,
+                               rtol=0, atol=1e-9)
+    held_s = np.empty(order.size)
+    held_s[order] = t0 + table["finish_s"].to_numpy() - entered[order]
+    if late:
+        held_s += parts["answer_s"]
+    members = table.groupby("batch_id", sort=True)["id"].apply(
+        lambda ids: np.sort(order[ids.to_numpy()]))
+    ends_s = t0 + result.batches.sort_values("batch_id")["finish_s"].to_numpy()
+    return 1e3 * held_s, list(zip(members, ends_s, strict=True))
+
+
+def _check_replay_covers_ray(batches: list[Any], requests: list[Any],
+                             replay: list[tuple[np.ndarray, float]]) -> int:
+    """Exact: the replay with lateness (:func:`_replayed_holding_ms`: its batches, each its
+    requests' indices in ``requests`` and its end, unix s) ends a batch it formed as one of
+    the replica's ``batches`` did (the same requests) no earlier than the replica did,
+    wherever the batch before it ended no earlier in the replay than in the replica either
+    (or there was none); so it holds each request of such a batch at least as long as the
+    replica did (both add the request's answer lateness to the end). Returns how many
+    requests that covers.
+
+    Why: the replay dispatches the batch at its rule's close or at the batch before's end,
+    whichever is later; the close is at or after the due time Ray's start lateness is
+    counted from (the first request's ``parsed`` plus the window, the last's for a full
+    batch: ``timer: arrival`` can only start its clock later, at the previous close), and
+    the batch before ends there no earlier than Ray's, so the dispatch plus Ray's start
+    lateness is at or after Ray's start; it then runs Ray's own duration (the line plus the
+    excess given to the batch holding Ray's first request, here this one). The stamps'
+    differences are exact (Sterbenz); a due time and the shift to and from the replay's
+    clock each round to half a float ulp of the unix time. A replay that dropped or
+    misplaced lateness (or a parse delay) ends such a batch before Ray did.
+    """
+    which = _replica_lateness_parts(batches, requests, 1 << 30, 0.0)["which"]
+    ends_s = sorted(b[2] for b in batches)
+    ray = {tuple(np.flatnonzero(which == k)): k for k in range(len(ends_s))}
+    slack_s = 4 * math.ulp(max(r[3] for r in requests))
+    covered = 0
+    for j, (members, end_s) in enumerate(replay):
+        k = ray.get(tuple(members))
+        if k is None or (k > 0 and (j == 0 or replay[j - 1][1] < ends_s[k - 1])):
+            continue
+        assert end_s >= ends_s[k] - slack_s, (j, k, end_s - ends_s[k])
+        covered += members.size
+    return covered
 
 
 def _per_second_difference(held: dict[int, list[Any]]) -> np.ndarray:
@@ -459,6 +597,7 @@ def test_two_replicas_with_ray_routing_against_p2c(tmp_path: Path) -> None:
     # latency less the time the replica held the request (its request log).
     from executor.endpoint.rayserve import RayServeApp, ensure_ray
 
+    scenario: dict[str, Any]
     with RayServeApp(ensure_ray(), SLEEP) as app:
         url = app.url
         scenario = {"name": "ray-2", "seed": 9,
@@ -494,26 +633,56 @@ def test_two_replicas_with_ray_routing_against_p2c(tmp_path: Path) -> None:
     got = float(lat_ms.mean())
     want = predicted.summary["latency_ms"]["mean"] + float(outside_ms.mean())
     # inside a replica, what servelab's batcher does not do: its event loop's lateness on
-    # busy cores (parsing a request, firing the 5 ms timer, answering after the batch),
-    # measured per request from the replica's own logs
+    # busy cores (parsing a request, firing the 5 ms timer, answering after the batch, a
+    # batch's sleep waking late), measured per request and per batch from the replica's own
+    # logs. Its effect on the holding time, the queueing it causes included (beside two CPU
+    # hogs the loops ran 52 ms late per batch, the replicas went past what they could serve
+    # and held requests 620 ms against 41 ms predicted: a queue that the mean lateness,
+    # added once per request, did not cover): each replica's own batch cycle replayed by
+    # servelab's simulator on its own requests, with the lateness the run measured and
+    # without it; the allowance is the mean over the bench's requests of the difference.
+    # The replay batches as Ray's batcher does (timer: arrival, which
+    # _check_batches_against_rule holds Ray to), so that on batches it forms as Ray did it
+    # holds every request at least as long as Ray did (exact, _check_replay_covers_ray;
+    # about 290 of a replica's 320 requests on quiet and loaded runs); timer: first, the
+    # prediction's, formed 241 batches where Ray ran 268 and held some requests 84 ms less
+    # than Ray. Where Ray's late timer joined two of the rule's batches, the replay runs one
+    # batch more (a base time more): there the allowance can only be larger than Ray's own
+    replay_policy = {**scenario["policy"], "timer": "arrival"}
     wanted = set(ids)
-    late_ms = np.array([late for rid in held for r, late in zip(
+    extra_ms: dict[str, float] = {}
+    covered = []
+    for rid in held:
+        plain_ms, _ = _replayed_holding_ms(logs[rid], held[rid], replay_policy,
+                                           scenario["service"], tmp_path / f"replay-{rid}",
+                                           late=False)
+        late_ms, late_batches = _replayed_holding_ms(
+            logs[rid], held[rid], replay_policy, scenario["service"],
+            tmp_path / f"replay-{rid}", late=True)
+        covered.append(_check_replay_covers_ray(logs[rid], held[rid], late_batches))
+        extra_ms.update({str(r[0]): late - plain for r, late, plain in zip(
+            held[rid], late_ms, plain_ms, strict=True) if str(r[0]) in wanted})
+    allowance_ms = float(np.mean([extra_ms[i] for i in ids]))
+    old_ms = float(np.mean([late for rid in held for r, late in zip(
         held[rid], _replica_lateness_ms(logs[rid], held[rid], 4, 0.005), strict=True)
-        if str(r[0]) in wanted])
-    assert not np.isnan(late_ms).any()  # every request answered after a batch it rode
+        if str(r[0]) in wanted]))
     # got - want is the replicas' mean holding time less servelab's predicted latency (the
     # outside path cancels per request): within 4 standard errors of that mean, plus, above,
-    # the mean lateness the replicas' loops took in this run (one run beside two CPU hogs:
-    # 23 ms of lateness against a 15 ms gap)
+    # the lateness's effect on the mean. A batcher servelab models wrongly (a timer from the
+    # last request, a queue served out of order) or p2c routing that balanced the replicas
+    # less well than Ray's moves the mean by a window (5 ms) or a batch (about 30 ms) or
+    # more, which the replay (batches by the rule on Ray's own routing) does not share
     se_ms = float(replica_ms.std(ddof=1) / math.sqrt(replica_ms.size))
     tolerance = 4 * se_ms
     print(f"ray-2: latency {got:.1f} ms, predicted {want:.1f} ms (outside path "
           f"{outside_ms.mean():.1f} ms, service {base_ms:.1f} + {per_item_ms:.2f} n ms), "
-          f"replica lateness {late_ms.mean():.1f} ms (p90 {np.percentile(late_ms, 90):.1f}), "
-          f"tolerance {tolerance:.1f} ms; batch {sizes.mean():.2f} vs "
-          f"{predicted.summary['mean_batch_size']:.2f}")
-    assert -tolerance <= got - want <= tolerance + float(late_ms.mean()), (
-        got, want, tolerance, float(outside_ms.mean()), float(late_ms.mean()))
+          f"replica held {replica_ms.mean():.1f} ms, lateness allowance {allowance_ms:.1f} ms "
+          f"(replayed; the mean lateness once per request {old_ms:.1f}), tolerance "
+          f"{tolerance:.1f} ms; batch {sizes.mean():.2f} vs "
+          f"{predicted.summary['mean_batch_size']:.2f}; replay covers Ray exactly on "
+          f"{covered} requests of {[len(held[rid]) for rid in held]}")
+    assert -tolerance <= got - want <= tolerance + allowance_ms, (
+        got, want, tolerance, float(outside_ms.mean()), allowance_ms, old_ms)
     assert sizes.max() <= 4
     # Ray's power of two choices balances the replicas as servelab's p2c does: the two are
     # alike, so each second's difference in requests between them has mean 0, and seconds
