@@ -361,6 +361,8 @@ class TargetAutoscalingCfg(_AutoscalingBase):
     downscaling_factor: float = Field(1.0, gt=0)
     # Ray Serve's reduction of the ongoing total over the look-back window
     aggregation_function: Literal["mean", "max", "min"] = "mean"
+    # Ray Serve's delay of the 1 -> 0 step (None: downscale_delay_s)
+    downscale_to_zero_delay_s: float | None = Field(None, ge=0)
     # Ray Serve's deployment option: a removed replica first sleeps this long, then checks
     # for ongoing requests every this long, and shuts down at the first check that finds
     # none; None: it stops as soon as its work is done

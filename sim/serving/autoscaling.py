@@ -9,10 +9,10 @@ request arrives to an empty fleet (no replica ready or starting); the answer is 
 * :class:`TargetOngoing` follows Ray Serve's default policy: the mean (or, as Ray's
   ``aggregation_function`` says, the largest or smallest) number of ongoing requests
   (queued + running) sampled over ``look_back_period_s`` divided by
-  ``target_ongoing_requests``; the change from the current count is multiplied by
+  ``target_ongoing_requests``; the change from the running count is multiplied by
   ``upscaling_factor``/``downscaling_factor``; a decision to go up (down) must hold for
-  ``upscale_delay_s`` (``downscale_delay_s``) before it is acted on; from zero replicas with
-  requests waiting it scales up at once.
+  ``upscale_delay_s`` (``downscale_delay_s``) before it is acted on; with no replica
+  running and requests waiting it launches one at once (see the class for Ray's details).
 * :class:`Concurrency` follows Knative's KPA: the mean concurrency over ``stable_window_s``
   over ``target_concurrency``; when the mean over ``panic_window_s`` reaches
   ``panic_threshold`` times what the ready replicas are meant to carry it panics (scales on
@@ -118,25 +118,47 @@ class _Window:
 
 
 class TargetOngoing(_Bounded):
-    """Ray Serve's ``target_ongoing_requests`` policy (see the module docstring)."""
+    """Ray Serve's ``target_ongoing_requests`` policy, as Ray 2.60 computes it
+    (``autoscaling_policy.py``: ``_core_replica_queue_length_policy``,
+    ``_apply_scaling_factors``, ``_apply_delay_logic``, ``_get_cold_start_scale_up_replicas``;
+    the bounds applied last, ``autoscaling_state.apply_bounds``).
+
+    * The total: the ongoing samples over ``look_back_period_s`` reduced by
+      ``aggregation_function``. Desired = total / ``target_ongoing_requests``.
+    * The change from the **running** (ready) count is multiplied by ``upscaling_factor``
+      (``downscaling_factor``) and rounded up; a scale-down that the factor rounds to no
+      change goes down by one.
+    * That count is compared with the **target** count (ready + starting): a rise (fall)
+      is acted on once it has held ``upscale_delay_s`` (``downscale_delay_s``; from 1 to 0
+      ``downscale_to_zero_delay_s`` when given). A fall from more than one replica stops at
+      one: only 1 → 0 reaches zero.
+    * No replica running and requests counted: at once (no delay) the larger of
+      ceil(``upscaling_factor``) and the target count, so from zero it launches one replica
+      (with the default factor) and holds while replicas start; no replica running and no
+      requests: the count is kept.
+    """
+
+    _DELAY_EPS_S = 1e-6  # Ray's _DELAY_ELAPSED_EPS_S: a delay counts as held this early
 
     def __init__(self, *, min_replicas: int = 1, max_replicas: int = 1,
                  initial_replicas: int | None = None, target_ongoing_requests: float = 2.0,
                  upscale_delay_s: float = 30.0, downscale_delay_s: float = 600.0,
                  look_back_period_s: float = 30.0, upscaling_factor: float = 1.0,
-                 downscaling_factor: float = 1.0, aggregation_function: str = "mean") -> None:
+                 downscaling_factor: float = 1.0, aggregation_function: str = "mean",
+                 downscale_to_zero_delay_s: float | None = None) -> None:
         if aggregation_function not in AGGREGATIONS:
             raise ValueError(f"autoscaling.aggregation_function: {aggregation_function!r}; "
                              f"one of {', '.join(AGGREGATIONS)}")
         super().__init__(min_replicas, max_replicas, initial_replicas)
+        self.target = target_ongoing_requests
+        self.upscale_delay_s, self.downscale_delay_s = upscale_delay_s, downscale_delay_s
+        self.downscale_to_zero_delay_s = downscale_to_zero_delay_s
+        self.look_back_period_s = look_back_period_s
+        self.upscaling_factor, self.downscaling_factor = upscaling_factor, downscaling_factor
         # Ray's reduction of the ongoing total over the look-back window (its
         # ``aggregate_timeseries``: a time-weighted mean, or the largest / smallest point in
         # the window); here of the samples, one per control period
         self.aggregation_function = aggregation_function
-        self.target = target_ongoing_requests
-        self.upscale_delay_s, self.downscale_delay_s = upscale_delay_s, downscale_delay_s
-        self.look_back_period_s = look_back_period_s
-        self.upscaling_factor, self.downscaling_factor = upscaling_factor, downscaling_factor
         self._window = _Window(look_back_period_s)
         self._up_since_s: float | None = None
         self._down_since_s: float | None = None
@@ -146,28 +168,40 @@ class TargetOngoing(_Bounded):
                 f"replicas {self.min_replicas}..{self.max_replicas})")
 
     def desired(self, view: FleetView) -> int:
-        """The count Ray's rule gives now (acted on only after its delay)."""
-        now, current = view.now_s, view.replicas
+        """The count Ray's rule gives now (a change acted on only after its delay)."""
+        now, running, current = view.now_s, view.ready, view.replicas
         self._window.add(now, view.ongoing)
-        if current == 0:  # scale from zero at once when anything waits
-            return self._clip(max(1, math.ceil(view.ongoing / self.target))) \
-                if view.ongoing else self._clip(0)
-        raw = self._window.aggregate(now, self.look_back_period_s,
-                                     self.aggregation_function) / self.target
-        factor = self.upscaling_factor if raw > current else self.downscaling_factor
-        wanted = self._clip(math.ceil(current + factor * (raw - current) - 1e-9))
-        if wanted > current:
+        total = self._window.aggregate(now, self.look_back_period_s, self.aggregation_function)
+        if running == 0:
+            if total > 0:  # the cold-start fast path: no delay, the timers untouched
+                return self._clip(max(math.ceil(self.upscaling_factor), current))
+            if current > 0:  # replicas starting, nothing counted: kept, timers untouched
+                return self._clip(current)
+            self._up_since_s = self._down_since_s = None
+            return self._clip(0)
+        wanted = running * (total / (self.target * running))  # Ray's expression, float
+        delta = wanted - running
+        factor = self.upscaling_factor if delta > 0 else self.downscaling_factor
+        scaled = math.ceil(running + factor * delta)
+        if math.ceil(wanted) < running and scaled == running:
+            scaled -= 1  # a factor's rounding never holds a scale-down at no change
+        if scaled > current:
             self._down_since_s = None
             self._up_since_s = now if self._up_since_s is None else self._up_since_s
-            if now - self._up_since_s >= self.upscale_delay_s:
+            if now - self._up_since_s + self._DELAY_EPS_S >= self.upscale_delay_s:
                 self._up_since_s = None
-                return wanted
-        elif wanted < current:
+                return self._clip(scaled)
+        elif scaled < current:
             self._up_since_s = None
+            delay_s = self.downscale_delay_s
+            if current == 1 and self.downscale_to_zero_delay_s is not None:
+                delay_s = self.downscale_to_zero_delay_s
+            if current > 1:
+                scaled = max(1, scaled)  # only 1 -> 0 reaches zero
             self._down_since_s = now if self._down_since_s is None else self._down_since_s
-            if now - self._down_since_s >= self.downscale_delay_s:
+            if now - self._down_since_s + self._DELAY_EPS_S >= delay_s:
                 self._down_since_s = None
-                return wanted
+                return self._clip(scaled)
         else:
             self._up_since_s = self._down_since_s = None
         return self._clip(current)

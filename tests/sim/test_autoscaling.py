@@ -244,6 +244,39 @@ def test_target_reduces_the_look_back_window_as_ray_s_aggregation_function(
     assert answers[0] == 6  # one sample: every reduction is that sample
 
 
+def test_target_follows_ray_2_60_from_zero_to_zero_and_at_its_edges() -> None:
+    # Ray 2.60's autoscaling_policy.py, step by step (the class docstring names the functions)
+    rule = TargetOngoing(min_replicas=0, max_replicas=8, target_ongoing_requests=2,
+                         upscale_delay_s=1, downscale_delay_s=2, look_back_period_s=1,
+                         downscale_to_zero_delay_s=5)
+    # from zero with 10 waiting: one replica at once (the cold-start fast path:
+    # max(ceil(upscaling_factor), target count)), not ceil(10 / 2) = 5
+    assert rule.desired(FleetView(0.0, 0, 0, 10, 0)) == 1
+    # while it starts (none running), the count holds whatever the delay: Ray's policy
+    # only scales on running replicas' counts
+    assert [rule.desired(FleetView(t, 0, 1, 10, 0)) for t in (0.5, 1.0, 2.0)] == [1, 1, 1]
+    # running: 10 ongoing / 2 = 5, acted on once it held 1 s (Ray's 1e-6 s early is in)
+    assert [rule.desired(FleetView(t, 1, 0, 4, 6)) for t in (3.0, 4.0 - 1e-7)] == [1, 5]
+    # all idle on 5 running: 0 wanted, but from more than one replica a fall stops at 1
+    idle = [rule.desired(FleetView(t, 5, 0, 0, 0)) for t in (10.0, 11.0, 12.0)]
+    assert idle == [5, 5, 1], idle
+    # 1 -> 0 waits downscale_to_zero_delay_s (5 s), not downscale_delay_s (2 s)
+    last = [rule.desired(FleetView(t, 1, 0, 0, 0)) for t in (13.0, 15.0, 17.0, 18.0)]
+    assert last == [1, 1, 1, 0], last
+    # with no replica and nothing counted the count stays where it is
+    assert rule.desired(FleetView(30.0, 0, 0, 0, 0)) == 0
+    # a scale-down the factor rounds to no change goes down by one: 3 running, 4 ongoing
+    # (2 wanted), factor 0.5 -> ceil(3 - 0.5) = 3 -> 2
+    slow = TargetOngoing(min_replicas=1, max_replicas=8, target_ongoing_requests=2,
+                         downscale_delay_s=0, look_back_period_s=1, downscaling_factor=0.5)
+    assert slow.desired(FleetView(0.0, 3, 0, 4, 0)) == 2
+    # the factor scales the change from the running count, not running + starting: 2
+    # running, 2 starting, 12 ongoing (6 wanted), factor 0.5 -> ceil(2 + 2) = 4: no change
+    half = TargetOngoing(min_replicas=1, max_replicas=8, target_ongoing_requests=2,
+                         upscale_delay_s=0, look_back_period_s=1, upscaling_factor=0.5)
+    assert half.desired(FleetView(0.0, 2, 2, 10, 2)) == 4
+
+
 def test_the_fleet_records_each_consultation_only_when_asked() -> None:
     def fleet() -> Fleet:
         return Fleet(3, TargetOngoing(min_replicas=1, max_replicas=3, target_ongoing_requests=2,
