@@ -79,6 +79,7 @@ class AutoscaleDay:
     downscale_delay_s: float = 5.0
     look_back_period_s: float = 2.0
     aggregation_function: str = "mean"  # Ray's default
+    downscale_to_zero_delay_s: float | None = None  # Ray's default: downscale_delay_s
     startup_delay_s: float = 2.0
     graceful_shutdown_wait_loop_s: float | None = 2.0  # Ray's default, set explicitly
     max_ongoing_requests: int = 64
@@ -107,6 +108,8 @@ class AutoscaleDay:
                     "downscale_delay_s": self.downscale_delay_s,
                     "look_back_period_s": self.look_back_period_s,
                     "aggregation_function": self.aggregation_function,
+                    **({} if self.downscale_to_zero_delay_s is None else
+                       {"downscale_to_zero_delay_s": self.downscale_to_zero_delay_s}),
                     "metrics_interval_s": float(PUSH_ENV[
                         "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S"])}}
 
@@ -144,6 +147,7 @@ class AutoscaleDay:
                     "downscale_delay_s": self.downscale_delay_s,
                     "look_back_period_s": self.look_back_period_s,
                     "aggregation_function": self.aggregation_function,
+                    "downscale_to_zero_delay_s": self.downscale_to_zero_delay_s,
                     "control_period_s": RECORD_FACTOR * self.look_back_period_s,
                     "cold_start_s": cold_start_s,
                     "graceful_shutdown_wait_loop_s":
