@@ -140,18 +140,42 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
     got = float(lat_ms.mean())
     want = predicted.summary["latency_ms"]["mean"] + float(outside_ms.mean())
     # inside the replica, what servelab's batcher does not do: its event loop's lateness
-    # (parsing a request, firing the 5 ms timer, answering after the batch), per request
+    # (parsing a request, firing the 5 ms timer, answering after the batch), measured per
+    # request and per batch from the replica's own logs. Its effect on the holding time,
+    # the queueing it causes included (the mean lateness added once per request does not
+    # cover a queue that lateness builds: the two-replica test below saw 620 ms held
+    # against 41 ms predicted beside two CPU hogs): the replica's own batch cycle replayed
+    # by servelab's simulator on its own requests, with the lateness the run measured and
+    # without it; the allowance is the mean over the bench's requests of the difference.
+    # MiniLM's time varies by itself (the prediction bootstraps it), so both replays run
+    # the same service: the run profile's median per size plus each of Ray's batches'
+    # excess over it, given to the replayed batch holding its first request, so a batch
+    # formed as Ray's was runs Ray's own duration, and the difference is the lateness's
+    # alone. The replay batches as Ray's batcher does (timer: arrival, which
+    # _check_batches_against_rule holds Ray to), so that on batches it forms as Ray did it
+    # holds every request at least as long as Ray did (exact, _check_replay_covers_ray)
+    replay_policy = {**scenario["policy"], "timer": "arrival"}
+    replay_service = {"kind": "profile", "path": str(run_path), "extrapolate": True}
+    plain_ms, _ = _replayed_holding_ms(batches, held, replay_policy, replay_service,
+                                       tmp_path / "replay", late=False, own_durations=True)
+    late_ms, late_batches = _replayed_holding_ms(batches, held, replay_policy,
+                                                 replay_service, tmp_path / "replay",
+                                                 late=True, own_durations=True)
+    covered = _check_replay_covers_ray(batches, held, late_batches)
     wanted = set(ids)
-    late_ms = np.array([late for r, late in zip(
+    extra_ms = {str(r[0]): late - plain for r, late, plain in zip(
+        held, late_ms, plain_ms, strict=True) if str(r[0]) in wanted}
+    allowance_ms = float(np.mean([extra_ms[i] for i in ids]))
+    old_ms = float(np.mean([late for r, late in zip(
         held, _replica_lateness_ms(batches, held, 8, 0.005), strict=True)
-        if str(r[0]) in wanted])
-    assert not np.isnan(late_ms).any()  # every request answered after a batch it rode
+        if str(r[0]) in wanted]))
     # got - want is the replica's mean holding time less servelab's predicted latency (the
-    # outside path cancels per request): within 4 standard errors of each mean (the
-    # simulator draws its own service times from the run's), plus, above, the replica's
-    # mean lateness in this run. A batcher servelab models wrongly (a timer from the last
-    # request, a queue served out of order, batches not closed while one runs) moves the
-    # mean by a window (5 ms) or a batch's busy time (about 20 ms) or more
+    # outside path cancels per request): within 4 standard errors of the difference of the
+    # two means (the simulator draws its own service times from the run's), plus, above,
+    # the lateness's effect on the mean. A batcher servelab models wrongly (a timer from
+    # the last request, a queue served out of order, batches not closed while one runs)
+    # moves the mean by a window (5 ms) or a batch's busy time (about 20 ms) or more, which
+    # the replay (Ray's own batch durations, batches by the rule) does not share
     sim_ok = predicted.requests[(predicted.requests["status"] == "ok")
                                 & (predicted.requests["arrival_s"] >= 1)]
     sim_ms = (sim_ok["finish_s"] - sim_ok["arrival_s"]).to_numpy() * 1e3
@@ -159,11 +183,13 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
                        float(sim_ms.std(ddof=1) / math.sqrt(sim_ms.size)))
     tolerance = 4 * se_ms
     print(f"ray-minilm: latency {got:.1f} ms, predicted {want:.1f} ms (outside path "
-          f"{outside_ms.mean():.1f} ms), replica lateness {late_ms.mean():.1f} ms, "
-          f"tolerance {tolerance:.1f} ms; batch {ray_batches.mean():.2f} vs "
-          f"{predicted.summary['mean_batch_size']:.2f}")
-    assert -tolerance <= got - want <= tolerance + float(late_ms.mean()), (
-        got, want, tolerance, float(outside_ms.mean()), float(late_ms.mean()))
+          f"{outside_ms.mean():.1f} ms), replica held {replica_ms.mean():.1f} ms, lateness "
+          f"allowance {allowance_ms:.1f} ms (replayed; the mean lateness once per request "
+          f"{old_ms:.1f}), tolerance {tolerance:.1f} ms; batch {ray_batches.mean():.2f} vs "
+          f"{predicted.summary['mean_batch_size']:.2f}; replay covers Ray exactly on "
+          f"{covered} requests of {len(held)}")
+    assert -tolerance <= got - want <= tolerance + allowance_ms, (
+        got, want, tolerance, float(outside_ms.mean()), allowance_ms, old_ms)
     assert abs(ray_batches.mean() - predicted.summary["mean_batch_size"]) <= 0.5, (
         ray_batches.mean(), predicted.summary["mean_batch_size"])
     # Ray never splits what servelab's batching rule, fed the times requests reached the
@@ -456,23 +482,28 @@ def _replica_lateness_ms(batches: list[Any], requests: list[Any], max_batch: int
 
 
 class _LateBatches:
-    """A service model that lengthens a batch by the extra time given for its requests
-    (each request's extra counted in the batch that holds it), for a replay of one
-    replica's batch cycle with the lateness its run measured.
+    """A service model for a replay of one replica's batch cycle: a batch takes the model's
+    (deterministic) time, plus, for each of Ray's batches whose first request it holds
+    (``extra``: per simulator request id, ``(size, duration_s, late_s)`` of each such
+    batch), that batch's measured duration less the model's time at its size (its excess,
+    negative where it ran short) and the lateness given for it. A batch formed as Ray's was
+    so runs Ray's own duration plus that lateness. A batch joining the first requests of
+    several of Ray's batches that ran short can come out below zero (a bootstrapped
+    profile's batches vary by more than half their median on busy cores): it takes no time.
     """
 
-    def __init__(self, model: Any, extra_s: dict[int, float]) -> None:
+    def __init__(self, model: Any, extra: dict[int, list[tuple[int, float, float]]]) -> None:
         self.model = model
-        self.extra_s = extra_s
+        self.extra = extra
 
     def sample_s(self, items: int, idle_s: float = 0.0) -> float:
         raise AssertionError("the replay times each batch by its requests")
 
     def sample_batch_s(self, batch: Any) -> float:
         service_s = self.model.sample_s(batch.items, batch.idle_s) + sum(
-            self.extra_s.get(r, 0.0) for r in batch.request_ids)
-        assert service_s >= 0, (batch, service_s)
-        return float(service_s)
+            late_s + duration_s - self.model.sample_s(size)
+            for r in batch.request_ids for size, duration_s, late_s in self.extra.get(r, ()))
+        return max(0.0, float(service_s))
 
     def median_s(self, items: int) -> float:
         return float(self.model.median_s(items))
@@ -482,22 +513,32 @@ class _LateBatches:
 
 
 def _replayed_holding_ms(batches: list[Any], requests: list[Any], policy: dict[str, Any],
-                         service: dict[str, Any], run_dir: Path, *, late: bool
+                         service: dict[str, Any], run_dir: Path, *, late: bool,
+                         own_durations: bool = False
                          ) -> tuple[np.ndarray, list[tuple[np.ndarray, float]]]:
     """Per request of one replica (``requests``: ``[id, entered, parsed, answered]``, its
     ``batches``: ``[size, start, end]``), in that order, how long it would have been held
     (its ``entered`` stamp to its answer, ms) by servelab's simulator running one replica
-    with ``policy`` and the ``service`` line (deterministic) on that replica's own requests.
+    with ``policy`` and ``service`` (made deterministic: a line, or a profile's median per
+    size) on that replica's own requests.
+
+    A batch's service: the model's time at its size, plus, with ``own_durations`` (a
+    service that varies by itself, as a bootstrapped profile's: the variation is service,
+    not lateness, and both replays share it), for each of Ray's batches the excess of its
+    measured duration over the model's time at its size, given to the replayed batch
+    holding its first request (in parsed order), so a batch formed as Ray's was runs Ray's
+    own duration. Without ``own_durations`` (a line a stand-in's sleep follows: a duration
+    past it is the sleep waking late) that excess is lateness.
 
     ``late=False``: the requests reach the batcher when they entered the replica, and
     nothing is late. ``late=True``: with the lateness the run measured
     (:func:`_replica_lateness_parts`): each request reaches the batcher at its ``parsed``
-    stamp; each of Ray's batches adds its start lateness and its duration's excess over the
-    line (negative where it ran short) to the replayed batch holding its first request (in
-    parsed order), so every measured delay is spent once, in the replica's busy time, where
-    the queue behind it waits too; each request's answer lateness is added to its own
-    holding time. Also returns the replayed batches in dispatch order, each the indices of
-    its requests in ``requests`` and its end (unix s).
+    stamp; each of Ray's batches adds its start lateness (and, without ``own_durations``,
+    its duration's excess) to the replayed batch holding its first request, so every
+    measured delay is spent once, in the replica's busy time, where the queue behind it
+    waits too; each request's answer lateness is added to its own holding time. Also
+    returns the replayed batches in dispatch order, each the indices of its requests in
+    ``requests`` and its end (unix s).
     """
     parts = _replica_lateness_parts(batches, requests, int(policy["max_batch_size"]),
                                     float(policy["max_wait_ms"]) / 1e3)
@@ -509,25 +550,24 @@ def _replayed_holding_ms(batches: list[Any], requests: list[Any], policy: dict[s
     run_dir.mkdir(parents=True, exist_ok=True)
     trace = run_dir / f"arrivals-{'late' if late else 'plain'}.csv"
     pd.DataFrame({"t": arrive[order] - t0}).to_csv(trace, index=False)  # repr: exact
-    extra_s: dict[int, float] = {}
-    if late:
+    extra: dict[int, list[tuple[int, float, float]]] = {}
+    if late or own_durations:
         which = parts["which"]
         assert (which >= 0).all()  # every request answered after a batch it rode
         sim_id = np.empty(order.size, dtype=int)
         sim_id[order] = np.arange(order.size)
-        base_s, per_item_s = service["base_ms"] / 1e3, service["per_item_ms"] / 1e3
         for k, (size, start, end) in enumerate(parts["ends"]):
             mine = np.flatnonzero(which == k)
             if mine.size == 0:  # a batch of requests this log does not hold (none expected)
                 continue
             first = int(sim_id[mine[np.argmin(parsed[mine])]])
-            extra_s[first] = extra_s.get(first, 0.0) + float(
-                parts["start_s"][k] + (end - start) - (base_s + per_item_s * size))
+            extra.setdefault(first, []).append(
+                (int(size), float(end - start), float(parts["start_s"][k]) if late else 0.0))
     scenario = {"name": "replica-replay", "seed": 0,
                 "service": {**service, "deterministic": True},
                 "workload": {"kind": "trace", "path": str(trace), "timestamp_column": "t"},
                 "policy": policy, "replicas": 1}
-    result = sim.run(scenario, service=(lambda m: _LateBatches(m, extra_s)) if late else None)
+    result = sim.run(scenario, service=(lambda m: _LateBatches(m, extra)) if extra else None)
     table = result.requests.sort_values("id")
     assert (table["status"].astype(str) == "ok").all()
     np.testing.assert_allclose(table["arrival_s"].to_numpy(), arrive[order] - t0,
@@ -557,8 +597,8 @@ def _check_replay_covers_ray(batches: list[Any], requests: list[Any],
     counted from (the first request's ``parsed`` plus the window, the last's for a full
     batch: ``timer: arrival`` can only start its clock later, at the previous close), and
     the batch before ends there no earlier than Ray's, so the dispatch plus Ray's start
-    lateness is at or after Ray's start; it then runs Ray's own duration (the line plus the
-    excess given to the batch holding Ray's first request, here this one). The stamps'
+    lateness is at or after Ray's start; it then runs Ray's own duration (the model's time
+    plus the excess given to the batch holding Ray's first request, here this one). The stamps'
     differences are exact (Sterbenz); a due time and the shift to and from the replay's
     clock each round to half a float ulp of the unix time. A replay that dropped or
     misplaced lateness (or a parse delay) ends such a batch before Ray did.
