@@ -82,7 +82,8 @@ def forget_widgets_once(raw: bytes, marker: str, prefixes: tuple[str, ...],
         return
     st.session_state[marker] = digest
     for key in [k for k in st.session_state if isinstance(k, str)
-                and k.startswith(prefixes) and k not in (marker, *keep)]:
+                and k.startswith(prefixes) and k not in (marker, *keep)
+                and not k.endswith("-upload")]:  # an uploaded profile stays uploaded
         del st.session_state[key]
 
 
@@ -110,9 +111,13 @@ def restorable(raw: bytes, name: str) -> dict[str, Any]:
         raise RestoreError(f"{name}: an LLM scenario: open it on the LLM page, or run it with "
                            "`servelab simulate`")
     try:
-        load_scenario(data)
+        model = load_scenario(data)
     except (UserError, TypeError, OSError) as exc:
         raise RestoreError(f"{name}: {' '.join(str(exc).split())}") from None
+    # the sections the page's controls show, with the scenario's own defaults for what the
+    # file leaves out (not the page's: an autoscaler restored without delays runs Ray's
+    # 30 s / 600 s, as `servelab simulate` would run the file)
+    data = _with_defaults(data, model)
     for key, allowed in CHOICES.items():
         value = _get(data, key)
         if value is not None and value not in allowed:
@@ -131,6 +136,29 @@ def restorable(raw: bytes, name: str) -> dict[str, Any]:
     return data
 
 
+SECTIONS = ("workload", "policy", "queue", "autoscaling")
+
+
+def _with_defaults(data: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``data`` with each of :data:`SECTIONS` it holds as the validated scenario has it
+    (the schema's defaults filled in, unset values left out).
+    """
+    out = dict(data)
+    for section in SECTIONS:
+        if isinstance(data.get(section), dict) and getattr(model, section, None) is not None:
+            out[section] = getattr(model, section).model_dump(exclude_none=True, mode="json")
+    return out
+
+
+def _clean(node: Any) -> Any:
+    """``node`` without None values in its mappings (at any depth, lists included)."""
+    if isinstance(node, dict):
+        return {k: _clean(v) for k, v in node.items() if v is not None}
+    if isinstance(node, list):
+        return [_clean(v) for v in node]
+    return node
+
+
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(node, dict):
         out: dict[str, Any] = {}
@@ -141,13 +169,21 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def unshown_fields(loaded: dict[str, Any], scenario: dict[str, Any]) -> list[str]:
-    """The restored file's fields the page's scenario does not hold as the file has them
-    (no control for them, or a control that rounds: a whole-second duration): what a user
-    must be told was left behind. A field the file leaves unset (None) counts as held.
+    """The restored file's fields (``loaded``: as :func:`restorable` returns it, its
+    shown sections with the schema's defaults) the page's scenario does not hold as the
+    file has them (no control for them, or a control that rounds: a whole-second duration):
+    what a user must be told was left behind. Both sides are compared as the simulator
+    fills them in; a field unset (None) on either side counts as absent.
     """
-    have = _flat(scenario)
+    from sim.scenario.schema import load_scenario
+
+    try:  # the page's run as the simulator fills it in
+        page = _with_defaults(scenario, load_scenario(scenario))
+    except (UserError, TypeError, OSError, ValueError):
+        page = scenario
+    have = _flat(_clean(page))
     out = []
-    for key, value in _flat(loaded).items():
+    for key, value in _flat(_clean(loaded)).items():
         if key == "name" or value is None:
             continue
         got = have.get(key)

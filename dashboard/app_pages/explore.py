@@ -11,7 +11,7 @@ from dashboard import figures
 from dashboard.i18n import chart, frame, t
 from dashboard.restore import RestoreError, forget_widgets_once, restorable, unshown_fields
 from dashboard.state import fmt, profile_choice, run_scenario
-from dashboard.widgets import autoscaling_widgets, policy_widgets, workload_widgets
+from dashboard.widgets import autoscaling_widgets, num_or, policy_widgets, workload_widgets
 from sim.metrics.stability import stability_warning
 
 DEFAULT_CLASSES = [
@@ -37,6 +37,8 @@ if restore is not None:
     else:
         forget_widgets_once(restore.getvalue(), "explore-restored",
                             ("explore-", "scaling-"), keep=("explore-tab",))
+else:  # the file taken away: the same file uploaded again restores again
+    st.session_state.pop("explore-restored", None)
 
 left, right = st.columns([1, 3])
 with left:
@@ -51,16 +53,17 @@ with left:
         timeout = st.number_input(t("request timeout ms (0 = none)"), 0.0, 600_000.0,
                                   float((loaded.get("queue") or {}).get("timeout_ms") or 0.0),
                                   key="explore-timeout")
-        replicas = st.slider(t("replicas"), 1, 32, int(loaded.get("replicas", 1)),
+        replicas = st.slider(t("replicas"), 1, 32, int(num_or(loaded, "replicas", 1)),
                              key="explore-replicas")
         routings = ["shared", "round_robin", "random", "jsq", "p2c", "least_work"]
         routing = st.selectbox(t("routing"), routings,
                                index=routings.index(loaded.get("routing", "shared"))
                                if loaded.get("routing", "shared") in routings else 0,
                                key="explore-routing")
-        slo_ms = st.number_input(t("SLO (ms)"), 1.0, 600_000.0, float(loaded.get("slo_ms") or 250),
+        slo_ms = st.number_input(t("SLO (ms)"), 1.0, 600_000.0,
+                                 float(num_or(loaded, "slo_ms", 250)),
                                  key="explore-slo")
-        seed = st.number_input(t("seed"), 0, 1_000_000, int(loaded.get("seed", 7)),
+        seed = st.number_input(t("seed"), 0, 1_000_000, int(num_or(loaded, "seed", 7)),
                                key="explore-seed")
     with st.expander(t("request classes and queue discipline")):
         disciplines = ["fifo", "priority", "edf"]
@@ -89,7 +92,7 @@ with left:
                  "(min replicas 0 = scale to zero). Off: the fixed replicas above.")
         autoscaling = autoscaling_widgets(scaling_kind, scaling_loaded)
         price = st.number_input(t("price per replica-hour (USD)"), 0.0, 1000.0,
-                                float(loaded.get("price_per_replica_hour") or 1.0),
+                                float(num_or(loaded, "price_per_replica_hour", 1.0)),
                                 key="explore-price")
 
 scenario: dict[str, Any] = {

@@ -84,7 +84,15 @@ def test_a_good_scenario_file_restores_without_an_error() -> None:
     assert not at.error
     from dashboard.restore import restorable
 
-    assert restorable(yaml.safe_dump(BASE).encode(), "good.yaml") == BASE
+    # every field the file sets, as it sets it; the shown sections gain the schema's
+    # defaults for what the file leaves out (the dynamic window: 2 ms, not the page's 5)
+    got = restorable(yaml.safe_dump(BASE).encode(), "good.yaml")
+    assert {k: v for k, v in got.items() if k not in ("workload", "policy")} == {
+        k: v for k, v in BASE.items() if k not in ("workload", "policy")}
+    for section in ("workload", "policy"):
+        assert got[section].items() >= BASE[section].items(), (section, got[section])
+    dynamic = restorable(yaml.safe_dump({**BASE, "policy": {"kind": "dynamic"}}).encode(), "d")
+    assert dynamic["policy"]["max_wait_ms"] == 2.0
 
 
 def test_a_restored_file_sets_the_controls_and_names_what_it_left_behind() -> None:
@@ -151,3 +159,33 @@ def test_each_kind_restores_onto_its_controls(section: dict[str, Any]) -> None:
     # only the constant service (the page runs profiles) is left behind
     shown = " ".join(w.value for w in at.warning)
     assert "Restored without: service.kind, service.ms (" in shown, shown
+
+
+@pytest.mark.parametrize(("section", "named"), [
+    # per-state dwell times: the page shows one; it says so instead of failing
+    ({"workload": {"kind": "mmpp", "rates_rps": [80, 5], "mean_dwell_s": [1.0, 4.0],
+                   "duration_s": 30}}, "workload.mean_dwell_s"),
+    # a count instead of a duration (duration_s unset): the page runs 60 s and says so
+    ({"workload": {"kind": "poisson", "rate_rps": 30, "n_requests": 300,
+                   "duration_s": None}}, "workload.n_requests"),
+    # a price of 0 is a price the control holds, not one it leaves behind
+    ({"price_per_replica_hour": 0}, None),
+    # a class without its optional keys is the class the editor holds
+    ({"classes": [{"name": "a", "share": 0.5, "priority": 0},
+                  {"name": "b", "share": 0.5, "priority": 1, "slo_ms": 80}]}, None),
+    # an autoscaler restored without delays runs the schema's (Ray's 30 / 600 / 30 s),
+    # not the page's own defaults, and the controls show them
+    ({"autoscaling": {"kind": "target", "max_replicas": 4, "cold_start_s": 2}}, None),
+], ids=["dwell-list", "n-requests", "price-0", "classes", "autoscaler-defaults"])
+def test_valid_files_restore_without_a_traceback_and_name_only_what_is_left(
+        section: dict[str, Any], named: str | None) -> None:
+    at = upload("explore", "restore", "v.yaml", yaml.safe_dump({**BASE, **section}).encode())
+    assert not at.error, errors(at)
+    shown = " ".join(w.value for w in at.warning)
+    left = shown.split("Restored without: ")[1].split(" (")[0].split(", ")
+    assert left[:2] == ["service.kind", "service.ms"], shown  # the page runs profiles
+    assert left[2:] == ([named] if named else []), shown
+    if "autoscaling" in section:
+        assert [float(at.slider(key=k).value) for k in (
+            "scaling-target-up", "scaling-target-down", "scaling-target-look")] == [
+            30.0, 600.0, 30.0]
