@@ -91,9 +91,13 @@ class StubV2:
         self.counts: Counter[str] = Counter()
         self.batchers: dict[str, Batcher] = {}
         # per ``batch`` model, per answered request (in the order they were answered): how
-        # late its outside sleep ended (s), and the index of the batch it rode in
+        # late its outside sleep ended (s), the index of the batch it rode in, and how long
+        # the stub held it (s: from its handler's entry, before the body is read, until the
+        # handler resumed after its batch; the client's latency less this is the path
+        # outside the handler: both HTTP legs, the client's and aiohttp's own work)
         self.outside_late_s: dict[str, list[float]] = {}
         self.request_batch: dict[str, list[int]] = {}
+        self.request_held_s: dict[str, list[float]] = {}
 
     def _answer(self, model: str, rows: int, width: int = 2) -> dict[str, Any]:
         return {"model_name": model, "model_version": "1", "outputs": [{
@@ -101,7 +105,8 @@ class StubV2:
             "data": [0.5] * (rows * width)}]}
 
     async def _behave(self, request: web.Request, model: str, rows: int,
-                      kserve: bool) -> web.StreamResponse:
+                      kserve: bool, entered_s: float | None = None) -> web.StreamResponse:
+        entered_s = time.perf_counter() if entered_s is None else entered_s
         mode, *args = model.split("~")[0].split(":")
         self.counts[model] += 1
         if mode == "errors":
@@ -132,12 +137,14 @@ class StubV2:
             index = await batcher.submit()
             self.outside_late_s.setdefault(model, []).append(outside_late_s)
             self.request_batch.setdefault(model, []).append(index)
+            self.request_held_s.setdefault(model, []).append(time.perf_counter() - entered_s)
         rows_out = rows + 1 if mode == "badshape" else rows
         return web.json_response(self._answer(model, rows_out) if kserve else
                                  {"outputs": [[0.5, 0.5]] * rows_out})
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         """``POST /v2/models/{name}/infer``."""
+        entered_s = time.perf_counter()
         model = request.match_info["name"]
         if model.split("~")[0].split(":")[0] not in MODES:
             return web.json_response({"error": f"no model {model}"}, status=404)
@@ -148,10 +155,11 @@ class StubV2:
         except (ValueError, KeyError, IndexError, TypeError):
             return web.json_response({"error": "expected inputs: [{name, shape, datatype, "
                                       "data}]"}, status=400)
-        return await self._behave(request, model, rows, kserve=True)
+        return await self._behave(request, model, rows, kserve=True, entered_s=entered_s)
 
     async def predict(self, request: web.Request) -> web.StreamResponse:
         """``POST /predict`` with ``{"model": NAME, "inputs": [...]}``."""
+        entered_s = time.perf_counter()
         try:
             body = await request.json()
         except ValueError:
@@ -159,7 +167,7 @@ class StubV2:
         items = body.get("inputs") if isinstance(body, dict) else None
         model = str(body.get("model", "instant")) if isinstance(body, dict) else "instant"
         rows = len(items) if isinstance(items, list) else 1
-        return await self._behave(request, model, rows, kserve=False)
+        return await self._behave(request, model, rows, kserve=False, entered_s=entered_s)
 
     async def metadata(self, request: web.Request) -> web.Response:
         """``GET /v2/models/{name}``."""
@@ -174,7 +182,8 @@ class StubV2:
     async def batches(self, request: web.Request) -> web.Response:
         """``GET /stub/batches/{name}``: the sizes of the batches a ``batch`` model ran, and
         how late each one's timers (window, service) fired, in seconds; per answered request
-        (in the order answered), how late its outside sleep ended (s) and its batch's index.
+        (in the order answered), how late its outside sleep ended (s), its batch's index and
+        how long the stub held it (s).
         """
         name = request.match_info["name"]
         batcher = self.batchers.get(name)
@@ -183,7 +192,8 @@ class StubV2:
             "window_late_s": batcher.window_late_s if batcher else [],
             "service_late_s": batcher.service_late_s if batcher else [],
             "outside_late_s": self.outside_late_s.get(name, []),
-            "request_batch": self.request_batch.get(name, [])})
+            "request_batch": self.request_batch.get(name, []),
+            "request_held_s": self.request_held_s.get(name, [])})
 
     async def ready(self, request: web.Request) -> web.Response:
         """Up."""
