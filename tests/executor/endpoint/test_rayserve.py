@@ -156,19 +156,9 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
     # holds every request at least as long as Ray did (exact, _check_replay_covers_ray)
     replay_policy = {**scenario["policy"], "timer": "arrival"}
     replay_service = {"kind": "profile", "path": str(run_path), "extrapolate": True}
-    plain_ms, _ = _replayed_holding_ms(batches, held, replay_policy, replay_service,
-                                       tmp_path / "replay", late=False, own_durations=True)
-    late_ms, late_batches = _replayed_holding_ms(batches, held, replay_policy,
-                                                 replay_service, tmp_path / "replay",
-                                                 late=True, own_durations=True)
-    covered = _check_replay_covers_ray(batches, held, late_batches)
-    wanted = set(ids)
-    extra_ms = {str(r[0]): late - plain for r, late, plain in zip(
-        held, late_ms, plain_ms, strict=True) if str(r[0]) in wanted}
-    allowance_ms = float(np.mean([extra_ms[i] for i in ids]))
-    old_ms = float(np.mean([late for r, late in zip(
-        held, _replica_lateness_ms(batches, held, 8, 0.005), strict=True)
-        if str(r[0]) in wanted]))
+    allowance_ms, old_ms, covered = _replayed_allowance_ms(
+        {0: batches}, {0: held}, ids, replay_policy, replay_service, tmp_path,
+        own_durations=True)
     # got - want is the replica's mean holding time less servelab's predicted latency (the
     # outside path cancels per request): within 4 standard errors of the difference of the
     # two means (the simulator draws its own service times from the run's), plus, above,
@@ -176,12 +166,7 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
     # the last request, a queue served out of order, batches not closed while one runs)
     # moves the mean by a window (5 ms) or a batch's busy time (about 20 ms) or more, which
     # the replay (Ray's own batch durations, batches by the rule) does not share
-    sim_ok = predicted.requests[(predicted.requests["status"] == "ok")
-                                & (predicted.requests["arrival_s"] >= 1)]
-    sim_ms = (sim_ok["finish_s"] - sim_ok["arrival_s"]).to_numpy() * 1e3
-    se_ms = math.hypot(float(replica_ms.std(ddof=1) / math.sqrt(replica_ms.size)),
-                       float(sim_ms.std(ddof=1) / math.sqrt(sim_ms.size)))
-    tolerance = 4 * se_ms
+    tolerance = 4 * _se_of_difference_ms(replica_ms, predicted.requests)
     print(f"ray-minilm: latency {got:.1f} ms, predicted {want:.1f} ms (outside path "
           f"{outside_ms.mean():.1f} ms), replica held {replica_ms.mean():.1f} ms, lateness "
           f"allowance {allowance_ms:.1f} ms (replayed; the mean lateness once per request "
@@ -617,6 +602,48 @@ def _check_replay_covers_ray(batches: list[Any], requests: list[Any],
     return covered
 
 
+def _replayed_allowance_ms(batches: dict[Any, list[Any]], requests: dict[Any, list[Any]],
+                           ids: list[str], policy: dict[str, Any], service: dict[str, Any],
+                           run_dir: Path, *, own_durations: bool
+                           ) -> tuple[float, float, list[int]]:
+    """The lateness's effect on the mean holding time of the requests ``ids``: per replica
+    (``batches`` and ``requests`` keyed alike), its own batch cycle replayed with the run's
+    measured lateness less without it (:func:`_replayed_holding_ms`), averaged over
+    ``ids``; with the old allowance (the mean lateness once per request, for the print)
+    and, per replica, how many requests the exact coverage check covered.
+    """
+    wanted = set(ids)
+    extra_ms: dict[str, float] = {}
+    covered = []
+    for rid in requests:
+        plain_ms, _ = _replayed_holding_ms(batches[rid], requests[rid], policy, service,
+                                           run_dir / f"replay-{rid}", late=False,
+                                           own_durations=own_durations)
+        late_ms, late_batches = _replayed_holding_ms(
+            batches[rid], requests[rid], policy, service, run_dir / f"replay-{rid}",
+            late=True, own_durations=own_durations)
+        covered.append(_check_replay_covers_ray(batches[rid], requests[rid], late_batches))
+        extra_ms.update({str(r[0]): late - plain for r, late, plain in zip(
+            requests[rid], late_ms, plain_ms, strict=True) if str(r[0]) in wanted})
+    old_ms = float(np.mean([late for rid in requests for r, late in zip(
+        requests[rid], _replica_lateness_ms(batches[rid], requests[rid],
+                                            int(policy["max_batch_size"]),
+                                            float(policy["max_wait_ms"]) / 1e3),
+        strict=True) if str(r[0]) in wanted]))
+    return float(np.mean([extra_ms[i] for i in ids])), old_ms, covered
+
+
+def _se_of_difference_ms(replica_ms: np.ndarray, predicted: Any) -> float:
+    """The standard error of the replicas' mean holding time less the simulator's mean
+    latency (after the 1 s warm-up, ok requests): the two samples are independent (the
+    simulator draws its own service times or routing).
+    """
+    ok = predicted[(predicted["status"] == "ok") & (predicted["arrival_s"] >= 1)]
+    sim_ms = (ok["finish_s"] - ok["arrival_s"]).to_numpy() * 1e3
+    return math.hypot(float(replica_ms.std(ddof=1) / math.sqrt(replica_ms.size)),
+                      float(sim_ms.std(ddof=1) / math.sqrt(sim_ms.size)))
+
+
 def _per_second_difference(held: dict[int, list[Any]]) -> np.ndarray:
     """Per second of the run (from its first request entering a replica), the requests the
     first replica's log holds less the second's (``held``: two replicas' request logs).
@@ -689,23 +716,8 @@ def test_two_replicas_with_ray_routing_against_p2c(tmp_path: Path) -> None:
     # than Ray. Where Ray's late timer joined two of the rule's batches, the replay runs one
     # batch more (a base time more): there the allowance can only be larger than Ray's own
     replay_policy = {**scenario["policy"], "timer": "arrival"}
-    wanted = set(ids)
-    extra_ms: dict[str, float] = {}
-    covered = []
-    for rid in held:
-        plain_ms, _ = _replayed_holding_ms(logs[rid], held[rid], replay_policy,
-                                           scenario["service"], tmp_path / f"replay-{rid}",
-                                           late=False)
-        late_ms, late_batches = _replayed_holding_ms(
-            logs[rid], held[rid], replay_policy, scenario["service"],
-            tmp_path / f"replay-{rid}", late=True)
-        covered.append(_check_replay_covers_ray(logs[rid], held[rid], late_batches))
-        extra_ms.update({str(r[0]): late - plain for r, late, plain in zip(
-            held[rid], late_ms, plain_ms, strict=True) if str(r[0]) in wanted})
-    allowance_ms = float(np.mean([extra_ms[i] for i in ids]))
-    old_ms = float(np.mean([late for rid in held for r, late in zip(
-        held[rid], _replica_lateness_ms(logs[rid], held[rid], 4, 0.005), strict=True)
-        if str(r[0]) in wanted]))
+    allowance_ms, old_ms, covered = _replayed_allowance_ms(
+        logs, held, ids, replay_policy, scenario["service"], tmp_path, own_durations=False)
     # got - want is the replicas' mean holding time less servelab's predicted latency (the
     # outside path cancels per request): within 4 standard errors of the difference of the
     # two means (the simulator draws its own routing, as the MiniLM test's its own service
@@ -714,12 +726,7 @@ def test_two_replicas_with_ray_routing_against_p2c(tmp_path: Path) -> None:
     # that balanced the replicas less well than Ray's moves the mean by a window (5 ms) or
     # a batch (about 30 ms) or more, which the replay (batches by the rule on Ray's own
     # routing) does not share
-    sim_ok = predicted.requests[(predicted.requests["status"] == "ok")
-                                & (predicted.requests["arrival_s"] >= 1)]
-    sim_ms = (sim_ok["finish_s"] - sim_ok["arrival_s"]).to_numpy() * 1e3
-    se_ms = math.hypot(float(replica_ms.std(ddof=1) / math.sqrt(replica_ms.size)),
-                       float(sim_ms.std(ddof=1) / math.sqrt(sim_ms.size)))
-    tolerance = 4 * se_ms
+    tolerance = 4 * _se_of_difference_ms(replica_ms, predicted.requests)
     print(f"ray-2: latency {got:.1f} ms, predicted {want:.1f} ms (outside path "
           f"{outside_ms.mean():.1f} ms, service {base_ms:.1f} + {per_item_ms:.2f} n ms), "
           f"replica held {replica_ms.mean():.1f} ms, lateness allowance {allowance_ms:.1f} ms "
