@@ -15,6 +15,7 @@ from typing import Any
 from dashboard.state import parse_upload
 from dashboard.widgets import POLICY_KINDS, WORKLOAD_KINDS
 from sim.errors import UserError
+from sim.serving.autoscaling import AGGREGATIONS
 
 ROUTINGS = ["shared", "round_robin", "random", "jsq", "p2c", "least_work"]
 DISCIPLINES = ["fifo", "priority", "edf"]
@@ -45,7 +46,7 @@ RANGES: dict[str, tuple[float, float]] = {
 CHOICES: dict[str, list[str]] = {
     "workload.kind": WORKLOAD_KINDS, "policy.kind": POLICY_KINDS, "routing": ROUTINGS,
     "queue.discipline": DISCIPLINES, "autoscaling.kind": AUTOSCALERS,
-    "autoscaling.aggregation_function": ["mean", "max", "min"],
+    "autoscaling.aggregation_function": list(AGGREGATIONS),
     "policy.timer": ["request", "first"],
 }
 

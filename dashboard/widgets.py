@@ -7,6 +7,7 @@ from typing import Any
 import streamlit as st
 
 from dashboard.i18n import t
+from sim.serving.autoscaling import AGGREGATIONS
 
 POLICY_KINDS = ["none", "greedy", "fixed", "dynamic", "aimd", "slo"]
 WORKLOAD_KINDS = ["poisson", "gamma", "mmpp", "sinusoid", "constant", "closed"]
@@ -134,7 +135,7 @@ def autoscaling_widgets(kind: str, defaults: dict[str, Any] | None = None
         out["look_back_period_s"] = st.slider(t("look-back period (s)"), 0.5, 60.0,
                                               float(num_or(d, "look_back_period_s", 5.0)),
                                               key="scaling-target-look")
-        ways = ["mean", "max", "min"]
+        ways = list(AGGREGATIONS)
         way = str(d.get("aggregation_function", "mean"))
         out["aggregation_function"] = st.selectbox(
             t("look-back reduction"), ways, index=ways.index(way) if way in ways else 0,
