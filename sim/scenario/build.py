@@ -266,7 +266,8 @@ def build_core(scenario: Scenario, streams: Streams,
     timeout_s = None if scenario.queue.timeout_ms is None else scenario.queue.timeout_ms / 1e3
     return ServingCore(table, source, policies, router=router,
                        discipline=scenario.queue.discipline, max_len=scenario.queue.max_len,
-                       timeout_s=timeout_s, estimate_s=estimate_s, fleet=build_fleet(scenario))
+                       timeout_s=timeout_s, estimate_s=estimate_s, fleet=build_fleet(scenario),
+                       max_ongoing=scenario.queue.max_ongoing_requests)
 
 
 def check_warmup(scenario: Scenario, arrival_s: np.ndarray) -> None:

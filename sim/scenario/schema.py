@@ -302,6 +302,10 @@ class QueueCfg(_Strict):
     discipline: Literal["fifo", "priority", "edf"] = "fifo"
     max_len: int | None = Field(None, ge=1, le=MAX_COUNT)
     timeout_ms: float | None = Field(None, gt=0)
+    # Ray Serve's max_ongoing_requests: a replica holds at most this many requests (queued +
+    # running); an arrival that finds every replica it may go to full waits at the router
+    # (FIFO) until one has room (sim.serving.admission); max_len then bounds that wait
+    max_ongoing_requests: int | None = Field(None, ge=1, le=MAX_COUNT)
 
 
 class ModelCfg(_Strict):
@@ -465,6 +469,10 @@ class Scenario(_Strict):
                              "slo_ms on every class")
         if self.classes is not None:
             self._check_classes(self.classes)
+        if self.queue.max_ongoing_requests is not None and self.routing == "shared":
+            raise ValueError("queue.max_ongoing_requests bounds each replica's own queue: set "
+                             "routing to one of round_robin, random, jsq, p2c, least_work "
+                             "(p2c is Ray Serve's router), not 'shared'")
         if getattr(self.service, "overheads", None) is not None and \
                 self.workload.kind == "closed":
             raise ValueError("service.overheads: not available for workload.kind 'closed' "

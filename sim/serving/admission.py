@@ -6,7 +6,19 @@ order with its own timestamp. A router sees the loads of the arrival's own time:
 admits up to a batch's finish time *before* recording the finish, so a request that arrived
 while every replica was busy is routed with that replica still busy, as it was then.
 
-Invariant: every queue's ``length`` equals its requests with status QUEUED.
+A bound on what a replica holds (``max_ongoing``, Ray Serve's ``max_ongoing_requests``: its
+queue plus its running requests): an arrival whose candidate replicas are all full waits at
+the router, in one FIFO (status QUEUED, replica -1), and so does every later arrival while
+any waits. Whenever a replica may have room (a batch ended, a replica became ready, a queue
+moved), :meth:`Admission.release` routes the waiting requests in order, each among the
+replicas with room, until none has; a released request's time at its replica's queue is
+recorded in ``table.joined_s`` (what a batcher sees as its arrival). Ray's router retries a
+held request with back-off (25 ms doubling to 0.5 s) and picks two replicas at random before
+it looks at their room; the model releases at once to a replica with room, so it is the
+limit of a router that retries without delay.
+
+Invariant: every queue's ``length`` equals its requests with status QUEUED; the rest of the
+QUEUED requests wait at the router (:attr:`Admission.n_held`).
 """
 
 from __future__ import annotations
@@ -40,13 +52,21 @@ class Admission:
         max_len: Reject an arrival when its queue already holds this many (None: unbounded).
         timeout_s: Expire a request still waiting this long after arrival (None: never).
         candidates: The replicas a router may choose now (an autoscaled fleet's); None: all.
+        max_ongoing: At most this many requests at a replica (queued + running); the rest
+            wait at the router (None: no bound). Needs a router. ``max_len`` then bounds the
+            requests waiting at the router (Ray's ``max_queued_requests``).
+        running_of: Requests running on a replica (needed with ``max_ongoing``).
     """
 
     def __init__(self, table: RequestTable, source: Source, queues: Sequence[RequestQueue],
                  router: Router | None, queue_series: QueueSeries,
                  loads: Callable[[float, Sequence[int] | None], list[ReplicaLoad]], *,
                  max_len: int | None = None, timeout_s: float | None = None,
-                 candidates: Callable[[], list[int]] | None = None) -> None:
+                 candidates: Callable[[], list[int]] | None = None,
+                 max_ongoing: int | None = None,
+                 running_of: Callable[[int], int] | None = None) -> None:
+        if max_ongoing is not None and (router is None or running_of is None):
+            raise ValueError("max_ongoing needs per-replica queues (a router) and running_of")
         self.table = table
         self.source = source
         self.queues = list(queues)
@@ -57,9 +77,14 @@ class Admission:
         self.timeout_s = timeout_s
         self.candidates = candidates
         self._expiry: deque[tuple[float, int]] = deque()
+        self.max_ongoing = max_ongoing
+        table.held_at_router = max_ongoing is not None
+        self.running_of = running_of
+        self._held: deque[int] = deque()  # waiting at the router, in arrival order
+        self.n_held = 0  # of them, those still QUEUED (an expired one leaves lazily)
         # open loop, one shared queue, no admission limits: runs of arrivals go in at once
         self._bulk = (router is None and max_len is None and timeout_s is None
-                      and isinstance(source, ScheduleSource))
+                      and max_ongoing is None and isinstance(source, ScheduleSource))
         self.admit: Callable[[float], frozenset[int] | set[int]] = \
             self._admit_bulk if self._bulk else self._admit_each
         """:meth:`admit_until` without a call in between (the core's hot path)."""
@@ -109,6 +134,13 @@ class Admission:
 
     def _admit(self, rid: int, arrival_s: float, touched: set[int]) -> None:
         table = self.table
+        if self.max_ongoing is not None:
+            q_room = None if self.n_held else self._route_with_room(arrival_s, rid)
+            if q_room is None:
+                self._hold(rid, arrival_s)
+                return
+            self._join(rid, q_room, arrival_s, touched, held=False)
+            return
         if self.router is None:
             q = 0
         else:
@@ -124,6 +156,88 @@ class Admission:
         if self.timeout_s is not None:
             self._expiry.append((arrival_s + self.timeout_s, rid))
 
+    # -- the bound on a replica's ongoing requests (queue.max_ongoing_requests) ----------------
+    def _hold(self, rid: int, arrival_s: float) -> None:
+        """Keep an arrival at the router (or reject it: the router's wait is full)."""
+        if self.max_len is not None and self.n_held >= self.max_len:
+            end_request(self.table, self.source, rid, REJECTED, arrival_s, REASON_QUEUE_FULL)
+            return
+        self._held.append(rid)
+        self.n_held += 1
+        if self.timeout_s is not None:
+            self._expiry.append((arrival_s + self.timeout_s, rid))
+
+    def _join(self, rid: int, q: int, now_s: float, touched: set[int], held: bool) -> None:
+        """Put a request into replica ``q``'s queue now."""
+        self.table.replica[rid] = q
+        queue = self.queues[q]
+        queue.push(rid)
+        self.queue_series.record(now_s, q, queue.length)
+        touched.add(q)
+        if held:
+            self.table.joined_s[rid] = now_s
+        elif self.timeout_s is not None:
+            self._expiry.append((now_s + self.timeout_s, rid))
+
+    def _route_with_room(self, now_s: float, rid: int) -> int | None:
+        """The replica the router picks among those holding fewer than ``max_ongoing``
+        requests (None: every candidate is full).
+        """
+        limit, running_of = self.max_ongoing, self.running_of
+        assert self.router is not None
+        assert running_of is not None
+        assert limit is not None
+        slots = self.candidates() if self.candidates is not None else None
+        loads = self.loads(now_s, slots)
+        room = [load for load in loads
+                if load.queue_len + running_of(load.index if slots is None else
+                                               slots[load.index]) < limit]
+        if not room:
+            return None
+        choice = room[self.router.route(now_s, rid, room)].index
+        return choice if slots is None else slots[choice]
+
+    def release(self, now_s: float) -> set[int]:
+        """Route the requests waiting at the router, oldest first, while a replica has room.
+
+        Returns:
+            The queues that received requests.
+        """
+        touched: set[int] = set()
+        if not self.n_held:
+            return touched
+        held, status = self._held, self.table.status
+        while held:
+            rid = held[0]
+            if status[rid] != QUEUED:  # expired while it waited
+                held.popleft()
+                continue
+            q = self._route_with_room(now_s, rid)
+            if q is None:
+                break
+            held.popleft()
+            self.n_held -= 1
+            self._join(rid, q, now_s, touched, held=True)
+        return touched
+
+    def requeue(self, now_s: float, rid: int) -> int | None:
+        """Route a request again (its replica left): to a replica with room, or back to the
+        router's wait in arrival order (None). Without ``max_ongoing``: :meth:`route`.
+        """
+        if self.max_ongoing is None:
+            return self.route(now_s, rid)
+        q = None if self.n_held else self._route_with_room(now_s, rid)
+        if q is None:
+            self.table.replica[rid] = -1
+            arrival = self.table.arrival_s
+            held = self._held
+            at = len(held)
+            while at and arrival[held[at - 1]] > arrival[rid]:
+                at -= 1
+            held.insert(at, rid)
+            self.n_held += 1
+        return q
+
     def route(self, now_s: float, rid: int) -> int:
         """The replica (queue) the router picks for a request now."""
         assert self.router is not None
@@ -138,6 +252,10 @@ class Admission:
             if status[rid] != QUEUED:
                 continue
             q = 0 if self.router is None else self.table.replica[rid]
+            if q < 0:  # waiting at the router (it leaves the wait lazily, see release)
+                end_request(self.table, self.source, rid, TIMED_OUT, at_s, REASON_TIMEOUT)
+                self.n_held -= 1
+                continue
             queue = self.queues[q]
             end_request(self.table, self.source, rid, TIMED_OUT, at_s, REASON_TIMEOUT)
             queue.forget(rid)

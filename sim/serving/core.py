@@ -89,13 +89,16 @@ class ServingCore:
         estimate_s: Latency model, seconds for a batch of ``items`` items (for routing by
             work and for batch expectations).
         fleet: Autoscaled replicas (one policy per slot); None: every replica always ready.
+        max_ongoing: At most this many requests at a replica, queued + running (Ray Serve's
+            ``max_ongoing_requests``); the rest wait at the router
+            (:mod:`sim.serving.admission`). None: no bound.
     """
 
     def __init__(self, table: RequestTable, source: Source, policies: Sequence[Policy], *,
                  router: Router | None = None, discipline: str = "fifo",
                  max_len: int | None = None, timeout_s: float | None = None,
                  estimate_s: Callable[[int], float] = lambda items: 0.0,
-                 fleet: Fleet | None = None) -> None:
+                 fleet: Fleet | None = None, max_ongoing: int | None = None) -> None:
         self.table = table
         self.source = source
         n = len(policies)
@@ -116,7 +119,9 @@ class ServingCore:
         self.fleet = fleet
         self.admission = Admission(table, source, self.queues, router, self.queue_series,
                                    self.dispatcher.loads, max_len=max_len, timeout_s=timeout_s,
-                                   candidates=self.route_candidates if fleet else None)
+                                   candidates=self.route_candidates if fleet else None,
+                                   max_ongoing=max_ongoing,
+                                   running_of=self.dispatcher.running_requests_of)
         self.wake_at_s = [math.inf] * n  # a policy's requested wake-up (only while free)
         self._min_wake_s = math.inf  # the earliest of them
         for q in range(n_queues):
@@ -160,6 +165,8 @@ class ServingCore:
                     early = early | got
                 dispatcher.finish(batch, finish_s, done[2], done[3])
                 freed.append(batch.replica)
+                if self.admission.n_held:  # the replica has room: the router's wait moves
+                    early = early | self.admission.release(finish_s)
                 if fleet is not None:
                     self._stop_if_drained(batch.replica, finish_s)
         if fleet is not None:
@@ -169,6 +176,8 @@ class ServingCore:
                 fleet.ready(replica, ready_s)
                 dispatcher.set_active(replica, True, ready_s)
                 freed.append(replica)
+                if self.admission.n_held:
+                    early = early | self.admission.release(ready_s)
             if fleet.next_poll_s() <= now_s:  # draining replicas' stop polls
                 self._stop += fleet.poll(now_s, dispatcher.running)
             if dispatch:
@@ -253,7 +262,9 @@ class ServingCore:
             self.queue_series.record(now_s, replica, 0)
             table = self.table
             for rid in moved:
-                q = self.admission.route(now_s, rid)
+                q = self.admission.requeue(now_s, rid)
+                if q is None:  # every replica is full: it waits at the router
+                    continue
                 table.replica[rid] = q
                 self.queues[q].push(rid)
                 self.queue_series.record(now_s, q, self.queues[q].length)
@@ -356,8 +367,8 @@ class ServingCore:
         return self.dispatcher.loads(now_s)
 
     def queued(self) -> int:
-        """Requests waiting in all queues."""
-        return sum(q.length for q in self.queues)
+        """Requests waiting in all queues and at the router (``max_ongoing``)."""
+        return sum(q.length for q in self.queues) + self.admission.n_held
 
     def admit_until(self, now_s: float) -> None:
         """Apply arrivals and expiries up to ``now_s`` without consulting any policy (a live
@@ -376,4 +387,4 @@ class ServingCore:
         :func:`sim.serving.invariants.check_invariants`).
         """
         return check_invariants(self.table, self.source.admitted, self.queues,
-                                self.dispatcher.running_requests())
+                                self.dispatcher.running_requests(), self.admission.n_held)

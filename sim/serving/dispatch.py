@@ -320,6 +320,12 @@ class Dispatcher:
                 end_request(self.table, self.source, rid, FAILED, time_s, reason)
         self.batches.mark_failed(batch.id)  # its row agrees with its requests at once
 
+    def running_requests_of(self, replica: int) -> int:
+        """Requests in ``replica``'s running batches that have not ended yet."""
+        status = self.table.status
+        return sum(1 for b in self.running_batches[replica].values()
+                   for rid in b.request_ids if status[rid] == RUNNING)
+
     def running_requests(self) -> int:
         """Requests in running batches that have not ended yet."""
         status = self.table.status

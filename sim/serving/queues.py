@@ -100,8 +100,12 @@ class RequestQueue:
         return out
 
     def oldest_arrival_s(self) -> float:
-        """Earliest arrival among queued requests."""
-        arrival = self.table.arrival_s
+        """Earliest arrival among queued requests (a request held at the router: when it
+        joined this queue).
+        """
+        arrival, joined = self.table.arrival_s, self.table.joined_s
+        if joined:
+            return min((joined.get(r, arrival[r]) for r in self.iter_ids()), default=math.inf)
         return min((arrival[r] for r in self.iter_ids()), default=math.inf)
 
 
@@ -193,9 +197,19 @@ class FifoQueue(RequestQueue):
         self._head = head
 
     def oldest_arrival_s(self) -> float:
-        """Arrival of the head (FIFO order is arrival order)."""
+        """Arrival of the head (FIFO order is arrival order; a request held at the router
+        joins in its arrival order too, see :mod:`sim.serving.admission`).
+        """
         head = self._skip()
-        return self.table.arrival_s[self._ids[head]] if self.length else math.inf
+        if not self.length:
+            return math.inf
+        rid = self._ids[head]
+        table = self.table
+        if table.joined_s:
+            joined = table.joined_s.get(rid)
+            if joined is not None:
+                return joined
+        return table.arrival_s[rid]  # type: ignore[no-any-return]
 
 
 class PriorityQueue(RequestQueue):
@@ -304,8 +318,15 @@ class QueueViewImpl:
         return 0 <= request_id < self._q.table.n and self._q.holds(request_id)
 
     def arrival_s(self, request_id: int) -> float:
-        """Arrival time of a request."""
-        return float(self._q.table.arrival_s[request_id])
+        """Arrival time of a request at this queue (a request held at the router: when it
+        joined the queue, which is when a replica's batcher first sees it).
+        """
+        table = self._q.table
+        if table.joined_s:
+            joined = table.joined_s.get(request_id)
+            if joined is not None:
+                return joined
+        return float(table.arrival_s[request_id])
 
     def size(self, request_id: int) -> int:
         """Items of a request."""
@@ -318,7 +339,9 @@ class QueueViewImpl:
     def requests(self, k: int | None = None) -> list[Request]:
         """First ``k`` queued requests as objects."""
         t = self._q.table
-        return [Request(id=r, arrival_s=t.arrival_s[r], size=t.size[r], priority=t.priority[r],
+        joined = t.joined_s
+        return [Request(id=r, arrival_s=joined.get(r, t.arrival_s[r]) if joined else
+                        t.arrival_s[r], size=t.size[r], priority=t.priority[r],
                         deadline_s=t.deadline_s[r],
                         klass=t.klass[r] if t.klass is not None else "")
                 for r in self._q.ids(k)]

@@ -132,6 +132,10 @@ class RequestTable:
         self.klass = klass
         self.reasons: dict[int, str] = NoReasons() if lean else {}
         self.sink: Any = None  # a summary-only run's sink (told of every request that ends)
+        # when a request held at the router (queue.max_ongoing_requests) joined its replica's
+        # queue: what a batcher sees as its arrival (only requests that were held)
+        self.joined_s: dict[int, float] = {}
+        self.held_at_router = False  # such a bound is on: the frame gets a joined_s column
         self.n = n
 
     def append(self, arrival_s: float, size: int, priority: int, deadline_s: float,
@@ -191,6 +195,12 @@ class RequestTable:
             "priority": view(self.priority, n),
             "deadline_s": view(self.deadline_s, n),
         }
+        if self.held_at_router:  # when each request joined its replica's queue
+            joined = np.array(view(self.arrival_s, n), dtype=np.float64)
+            for rid, at_s in self.joined_s.items():
+                if rid < n:
+                    joined[rid] = at_s
+            columns["joined_s"] = joined
         if self.klass is not None:
             columns["klass"] = self.klass[:n]
         if len(self.client):
