@@ -136,8 +136,11 @@ class AutoscaleDay:
                          "per_item_ms": self.per_item_ms, "deterministic": True})
         return {"name": "ray-autoscale-day", "seed": self.seed, "service": service,
                 "workload": {"kind": "trace", "path": str(trace), "timestamp_column": "t"},
+                # Ray's batcher (timer: arrival, read from batching.py) and its replicas'
+                # max_ongoing_requests, past which the router holds a request
                 "policy": {"kind": "dynamic", "max_batch_size": self.max_batch_size,
-                           "max_wait_ms": self.batch_wait_ms, "timer": "first"},
+                           "max_wait_ms": self.batch_wait_ms, "timer": "arrival"},
+                "queue": {"max_ongoing_requests": self.max_ongoing_requests},
                 "routing": "p2c", "warmup_s": 0, "payload": PAYLOAD,
                 "autoscaling": {
                     "kind": "target", "min_replicas": self.min_replicas,

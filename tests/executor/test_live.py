@@ -265,3 +265,31 @@ def test_live_refuses_an_unstable_scenario_unless_forced() -> None:
     long = {**OVERLOAD, "workload": {"kind": "poisson", "rate_rps": 10, "duration_s": 900}}
     with pytest.raises(LiveError, match="exceeds --max-wall-s 600"):
         live(long, runners=[SleepRunner(lambda n: 0.005)], force=False)
+
+
+def test_live_holds_requests_at_the_router_past_max_ongoing_requests() -> None:
+    # two replicas holding at most 3 requests each (Ray Serve's max_ongoing_requests), 400
+    # req/s against at most 2 * 2 / 20 ms = 200 req/s: the live driver runs the simulator's
+    # admission, so the bound, the FIFO wait at the router and the join times hold exactly,
+    # whatever the machine's timing (they are facts of the driver's own clock)
+    cfg = {"seed": 2, "model": {"name": "sleep"},
+           "service": {"kind": "constant", "ms": 20, "deterministic": True},
+           "workload": {"kind": "constant", "rate_rps": 400, "n_requests": 60},
+           "policy": {"kind": "dynamic", "max_batch_size": 2, "max_wait_ms": 2,
+                      "timer": "arrival"},
+           "replicas": 2, "routing": "p2c", "queue": {"max_ongoing_requests": 3}}
+    result = live(cfg, runners=[SleepRunner(lambda n: 0.02), SleepRunner(lambda n: 0.02)],
+                  force=True)
+    req = result.requests.sort_values("id")
+    assert (req["status"] == "ok").all()
+    assert (req["joined_s"] > req["arrival_s"]).sum() > 20  # the bound acted
+    assert np.all(np.diff(req["joined_s"].to_numpy()) >= 0)  # the router's wait is FIFO
+    assert np.all(req["start_s"] >= req["joined_s"])  # a batch holds only joined requests
+    for r in (0, 1):
+        mine = req[req["replica"] == r]
+        joined = np.sort(mine["joined_s"].to_numpy())
+        ended = np.sort(mine["finish_s"].to_numpy())
+        at = np.unique(np.concatenate([joined, ended]))
+        ongoing = (np.searchsorted(joined, at, side="right")
+                   - np.searchsorted(ended, at, side="right"))
+        assert ongoing.max() == 3, ongoing  # reached, never passed

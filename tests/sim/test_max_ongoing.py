@@ -135,7 +135,7 @@ def test_the_autoscaler_counts_requests_waiting_at_the_router() -> None:
 
 
 def test_the_bound_needs_per_replica_queues() -> None:
-    with pytest.raises(ScenarioError, match="queue.max_ongoing_requests.*routing"):
+    with pytest.raises(ScenarioError, match=r"queue\.max_ongoing_requests.*routing"):
         validate_scenario(_scenario(routing="shared"))
     with pytest.raises(ScenarioError, match="max_ongoing_requests"):
         validate_scenario(_scenario(queue={"max_ongoing_requests": 0}))
