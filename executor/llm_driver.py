@@ -115,6 +115,9 @@ class LiveLlmEngine:
         self.slots = [SlotTable(d.cfg.max_slots) if d is not None else SlotTable(0)
                       for d in decoders]
         self._loading: dict[int, threading.Thread] = {}
+        # per engine: its current launch's generation (a cancelled load's decoder, when it
+        # comes, carries an older one and is dropped)
+        self._launch_gen = [0] * len(decoders)
         self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()  # to the driving thread
         self._busy: list[bool] = []
         self._inboxes: list[queue.Queue[Any]] = []
@@ -226,17 +229,21 @@ class LiveLlmEngine:
         """Load an engine's decoder on its own thread (its real cold start)."""
         assert self.loader is not None
         loader = self.loader
+        self._launch_gen[replica] += 1
+        gen = self._launch_gen[replica]
 
         def load() -> None:
             t0 = self.now_s()
             try:
                 decoder = loader(replica)
             except Exception as exc:  # the run cannot go on as the autoscaler planned
+                if gen != self._launch_gen[replica]:
+                    return  # a cancelled launch: the run no longer needs it
                 self.fatal_error = (f"engine {replica} could not load its model: "
                                     f"{type(exc).__name__}: {exc}").splitlines()[0][:300]
                 self.stop("abandon")
                 return
-            self._events.put(("loaded", replica, decoder, t0, self.now_s()))
+            self._events.put(("loaded", replica, decoder, t0, self.now_s(), gen))
 
         thread = threading.Thread(target=load, name=f"load-engine-{replica}", daemon=True)
         self._loading[replica] = thread
@@ -304,10 +311,13 @@ class LiveLlmEngine:
             for seq, _ in done.plan.entries:
                 if done.error is not None or seq.emitted >= seq.output:
                     table.release(seq.id)
-        for replica in actions.launch:
-            self._launch(replica)
+        for replica in actions.cancel:  # its load goes on; what it loads is dropped
+            self._launch_gen[replica] += 1
+            self._loading.pop(replica, None)
         for replica in actions.stop:
             self.decoders[replica] = None  # the model is released with its last reference
+        for replica in actions.launch:
+            self._launch(replica)
         for start in actions.start:
             self._busy[start.replica] = True
             self._inboxes[start.replica].put(start)
@@ -329,12 +339,16 @@ class LiveLlmEngine:
                     self.step_errors.append(done.error)
                 finished.append(done)
             elif event[0] == "loaded":
-                _, replica, decoder, t0, t1 = event
-                self._loading.pop(replica, None)
-                self.decoders[replica] = decoder
-                self.slots[replica] = SlotTable(decoder.cfg.max_slots)
-                self.cold_starts_s.append({"replica": replica, "total_s": t1 - t0})
-                ready.append((replica, t1))
+                _, replica, decoder, t0, t1, gen = event
+                # a cancelled launch's decoder is dropped here (released with this
+                # reference); only the current launch becomes ready
+                if gen == self._launch_gen[replica]:
+                    self._loading.pop(replica, None)
+                    self.decoders[replica] = decoder
+                    self.slots[replica] = SlotTable(decoder.cfg.max_slots)
+                    self.cold_starts_s.append({"replica": replica, "total_s": t1 - t0})
+                    ready.append((replica, t1))
+                del decoder, event
             try:
                 event = self._events.get_nowait()
             except queue.Empty:

@@ -69,9 +69,17 @@ class _Ready:
     replica: int
     ready_s: float
     phases_s: dict[str, float]
+    worker: _Worker  # which launch: a cancelled one's report is dropped
 
 
 ReplicaLoader = Callable[[int], tuple[ModelRunner, dict[str, float]]]
+
+
+def _release(device: str) -> None:
+    """Free a dropped replica's model (:func:`calibration.cold_start.release`)."""
+    from calibration.cold_start import release
+
+    release(device)
 
 
 def _reason(where: str, exc: BaseException) -> str:
@@ -133,16 +141,40 @@ class _Worker(threading.Thread):
         self.health = health
         self.own_stream = own_stream
         self.loader = loader
+        # a launch the core cancelled (a scale-down during its cold start): set by the
+        # driving thread under the lock, so the load is either announced ready before the
+        # cancel (then the driver drops the report) or never
+        self.cancelled = False
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        """Drop this launch: it never becomes ready, and what it loads is released (by this
+        thread, once the load ends: the driving thread does not wait for it).
+        """
+        with self._lock:
+            self.cancelled = True
+        self.jobs.put(None)
 
     def run(self) -> None:
         if self.runner is None:  # a launched replica: its cold start is real
             assert self.loader is not None
             try:
-                self.runner, phases = self.loader(self.replica)
+                runner, phases = self.loader(self.replica)
             except Exception as exc:
-                self._refuse(_reason("replica could not load its model", exc))
+                if not self.cancelled:  # a cancelled launch's failure stops nothing
+                    self._refuse(_reason("replica could not load its model", exc))
                 return
-            self.inbox.put(_Ready(self.replica, time.perf_counter() - self.start_s, phases))
+            with self._lock:
+                announced = not self.cancelled
+                if announced:
+                    self.runner = runner
+                    self.inbox.put(_Ready(self.replica, time.perf_counter() - self.start_s,
+                                          phases, self))
+            if not announced:
+                device = str(getattr(runner, "device", "cpu"))
+                del runner  # the last reference: release() can collect it
+                _release(device)
+                return
         try:
             prepare = getattr(self.runner, "prepare_thread", None)
             if prepare is not None:
@@ -156,6 +188,10 @@ class _Worker(threading.Thread):
                 self._loop()
         except Exception as exc:  # the stream context itself failed
             self._refuse(_reason("replica stream failed", exc))
+        if self.cancelled:  # cancelled after it announced ready: nobody else releases it
+            device = str(getattr(self.runner, "device", "cpu"))
+            self.runner = None
+            _release(device)
 
     def _refuse(self, error: str) -> None:
         """This worker cannot run anything: say so, then fail every batch it is given."""
@@ -368,12 +404,14 @@ class LiveDriver:
             self.health.dispatch_overhead_s.append(overhead)
         for batch in actions.start:
             self._workers[batch.replica].jobs.put(batch)
+        for replica in actions.cancel:  # its loader ends on its own and frees the model
+            self._workers.pop(replica).cancel()
+        for replica in actions.stop:
+            self._retire(replica)
         for replica in actions.launch:  # the worker loads the model, then reports it ready
             worker = self._worker(replica, None)
             self._workers[replica] = worker
             worker.start()
-        for replica in actions.stop:
-            self._retire(replica)
         self._wake_s = actions.wake_s
 
     def _worker(self, replica: int, runner: ModelRunner | None) -> _Worker:
@@ -402,8 +440,9 @@ class LiveDriver:
             return out
         while True:
             if isinstance(item, _Ready):
-                self._ready.append((item.replica, item.ready_s))
-                self.load_phases_s.append({"replica": item.replica, **item.phases_s})
+                if self._workers.get(item.replica) is item.worker:  # not a cancelled launch
+                    self._ready.append((item.replica, item.ready_s))
+                    self.load_phases_s.append({"replica": item.replica, **item.phases_s})
             elif isinstance(item, _Fatal):
                 if self.fatal_error is None:
                     self.fatal_error = f"replica {item.replica}: {item.error}"

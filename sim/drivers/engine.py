@@ -8,7 +8,9 @@ Three kinds of SimPy event, each a plain ``Timeout`` with a callback (no process
 * a *wake-up* at the time the core asked for (the next arrival while a replica is free, or a
   policy's wake-up); a later call that asks for another time supersedes it;
 * a *replica ready* event per launched replica (autoscaling), after a cold start drawn from
-  the model's measured load times.
+  the model's measured load times; a launch the core cancels (a scale-down during its cold
+  start) leaves its event pending, and the event, stamped with the launch's generation, is
+  ignored when it fires (the slot may be off, or starting again on a later launch).
 
 Everything else — admission, routing, which policy to ask and when — is the core's.
 """
@@ -37,6 +39,7 @@ class SimPyDriver:
         self.env = simpy.Environment()
         self._wake_token = 0
         self._wake_s = math.inf  # the pending wake-up
+        self._launch_gen: dict[int, int] = {}  # per slot: its current launch's generation
         # a model that times each batch by more than its size and idle time (a replay of a
         # live run's batches, per replica) offers sample_batch_s
         self._by_batch = getattr(service, "sample_batch_s", None)
@@ -67,9 +70,13 @@ class SimPyDriver:
                          else by_batch(batch))
             event = env.timeout(service_s, (batch, service_s))
             event.callbacks.append(self._on_done)
+        gen = self._launch_gen
+        for replica in actions.cancel:  # its pending ready event goes stale
+            gen[replica] = gen.get(replica, 0) + 1
         for replica in actions.launch:
             assert self.cold_start is not None, "a fleet needs a cold-start model"
-            event = env.timeout(self.cold_start.sample_s(), replica)
+            gen[replica] = gen.get(replica, 0) + 1
+            event = env.timeout(self.cold_start.sample_s(), (replica, gen[replica]))
             event.callbacks.append(self._on_ready)
         wake_s = actions.wake_s
         if wake_s != self._wake_s:
@@ -88,7 +95,9 @@ class SimPyDriver:
                                                                  None)),)))
 
     def _on_ready(self, event: simpy.Event) -> None:
-        replica: int = event.value  # type: ignore[assignment]
+        replica, gen = event.value  # type: ignore[misc]  # (int, int), as set
+        if gen != self._launch_gen[replica]:
+            return  # a cancelled launch
         now_s = self.env.now
         self._apply(self.core.step(now_s, ready=((replica, now_s),)))
 

@@ -192,6 +192,8 @@ def simulate(core: LlmCore, model: StepModel, until_s: float = math.inf,
         actions = core.step(now, finished, ready=ready)
         if core.fleet is not None:
             assert cold_start is not None, "an autoscaled core needs a cold-start model"
+            for r in actions.cancel:  # a scale-down during its cold start: never ready
+                del ready_at[r]
             for r in actions.launch:
                 ready_at[r] = now + cold_start.sample_s()
         for begun in actions.start:

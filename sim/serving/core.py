@@ -67,12 +67,16 @@ class CoreActions(NamedTuple):
             autoscaler's next control period; inf: never).
         launch: Replicas to start (autoscaling): load the model, then report them ready.
         stop: Replicas that have finished their work after being removed: free the model.
+        cancel: Launches to drop (a scale-down while they start): never report them ready,
+            free what they loaded. A driver applies ``cancel``, then ``stop``, then
+            ``launch``: a slot in two of them was ended before it was launched again.
     """
 
     start: list[Batch]
     wake_s: float
     launch: tuple[int, ...] = ()
     stop: tuple[int, ...] = ()
+    cancel: tuple[int, ...] = ()
 
 
 class ServingCore:
@@ -128,6 +132,7 @@ class ServingCore:
             self.queue_series.record(0.0, q, 0)
         self._launch: list[int] = []
         self._stop: list[int] = []
+        self._cancel: list[int] = []
         if fleet is not None:
             if len(fleet.state) != n:
                 raise ValueError(f"fleet has {len(fleet.state)} slots for {n} policies")
@@ -216,11 +221,12 @@ class ServingCore:
             self.table.sink.maybe_flush()
         wake_s = self.next_wake_s()
         if fleet is None:
-            return _new_actions(CoreActions, (started, wake_s, (), ()))
-        launch, stop = tuple(self._launch), tuple(self._stop)
+            return _new_actions(CoreActions, (started, wake_s, (), (), ()))
+        launch, stop, cancel = tuple(self._launch), tuple(self._stop), tuple(self._cancel)
         self._launch.clear()
         self._stop.clear()
-        return CoreActions(started, wake_s, launch, stop)
+        self._cancel.clear()
+        return CoreActions(started, wake_s, launch, stop, cancel)
 
     # -- autoscaling -------------------------------------------------------------------------
     def _ticking(self) -> bool:
@@ -233,21 +239,37 @@ class ServingCore:
                 or fleet.count(STARTING) > 0 or fleet.count(DRAINING) > 0)
 
     def _control(self, now_s: float, seen_s: float) -> None:
-        """Consult the autoscaler for ``now_s`` (asked at the driver's ``seen_s``); launch and
-        retire replicas as it says.
+        """Consult the autoscaler for ``now_s`` (asked at the driver's ``seen_s``); launch,
+        cancel and retire replicas as it says (:meth:`sim.serving.fleet.Fleet.plan`).
         """
         fleet = self.fleet
         assert fleet is not None
         running = self.dispatcher.running_requests()
         per_slot = [self.queues[self.queue_of[r]].length if len(self.queues) > 1 else 0
                     for r in range(self.n_replicas)]
-        launch, retire = fleet.plan(fleet.view(now_s, self.queued(), running), per_slot,
-                                    seen_s)
+        launch, cancel, retire = fleet.plan(fleet.view(now_s, self.queued(), running),
+                                            per_slot, seen_s)
         for r in launch:
             fleet.launch(r, now_s)
             self._launch.append(r)
+        for r in cancel:
+            self._cancel_launch(r, now_s)
         for r in retire:
             self._retire(r, now_s)
+
+    def _cancel_launch(self, replica: int, now_s: float) -> None:
+        """A starting replica is dropped: it goes off now and the requests routed to it
+        while no replica was ready go back to the router (as Ray's router, which held them,
+        would send them to whichever replica runs first).
+        """
+        fleet = self.fleet
+        assert fleet is not None
+        fleet.cancel(replica, now_s)
+        if replica in self._launch:  # launched in this same step: the driver never saw it
+            self._launch.remove(replica)
+        else:
+            self._cancel.append(replica)
+        self._reroute(replica, now_s)
 
     def _retire(self, replica: int, now_s: float) -> None:
         """A replica stops taking work; its own queue goes back to the others."""
@@ -256,6 +278,11 @@ class ServingCore:
         fleet.retire(replica, now_s)
         self.dispatcher.set_active(replica, False, now_s)
         self._set_wake(replica, math.inf)
+        self._reroute(replica, now_s)
+        self._stop_if_drained(replica, now_s)
+
+    def _reroute(self, replica: int, now_s: float) -> None:
+        """Hand a removed replica's own queue back to the router."""
         if len(self.queues) > 1 and self.queues[replica].length:
             old = self.queues[replica]
             moved = old.take_all()
@@ -268,7 +295,6 @@ class ServingCore:
                 table.replica[rid] = q
                 self.queues[q].push(rid)
                 self.queue_series.record(now_s, q, self.queues[q].length)
-        self._stop_if_drained(replica, now_s)
 
     def _stop_if_drained(self, replica: int, now_s: float) -> None:
         fleet = self.fleet

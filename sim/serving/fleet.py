@@ -5,9 +5,11 @@ A slot is ``off``, ``starting`` (launched, in its cold start), ``ready`` (servin
 stop poll period it goes ``off`` only at the first poll that finds it idle, each poll a period
 after the last, the first a period after its removal, as Ray Serve's replica checks every
 ``graceful_shutdown_wait_loop_s``, sleeping first, before it shuts down). The fleet
-has no clock: the core tells it the time. It records every change as an event
-(``time_s, replica, event``) and the counts as a step series; replica-seconds integrate the
-replicas that hold resources (starting, ready or draining).
+has no clock: the core tells it the time. A scale-down cancels starting slots before it
+retires ready ones, as Ray Serve 2.60 stops replicas that are not running yet first
+(:meth:`Fleet.plan`); a cancelled slot goes ``off`` at once (it never served). It records
+every change as an event (``time_s, replica, event``) and the counts as a step series;
+replica-seconds integrate the replicas that hold resources (starting, ready or draining).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class FleetLog:
 
     Attributes:
         events: ``(time_s, replica, event)`` with event in deploy (resident from the start) |
-            launch | ready | retire | stop.
+            launch | ready | cancel (a starting slot removed before it was ready: off at
+            once) | retire | stop.
         times_s, ready, starting, draining: The counts after each change (a step series).
         controls: Per consultation of the autoscaler, ``(time_s, seen_s, ongoing, replicas,
             desired)``: the time it decided for (a control tick, or an arrival to an empty
@@ -79,6 +82,7 @@ class Fleet:
         self.poll_at_s = [math.inf] * n_slots  # a draining slot's next stop poll
         self.state = [OFF] * n_slots
         self.ready_at_s = [math.nan] * n_slots  # the current incarnation's ready time
+        self.launched_at_s = [math.nan] * n_slots  # the current incarnation's launch time
         self.log = FleetLog()
         self.next_tick_s = control_period_s
         for r in range(min(autoscaler.initial_replicas, n_slots)):
@@ -118,16 +122,31 @@ class Fleet:
 
     # -- changes ----------------------------------------------------------------------------
     def plan(self, view: FleetView, queued_per_slot: list[int],
-             seen_s: float | None = None) -> tuple[list[int], list[int]]:
-        """Ask the autoscaler; return (slots to launch, slots to retire).
+             seen_s: float | None = None) -> tuple[list[int], list[int], list[int]]:
+        """Ask the autoscaler; return (slots to launch, starting slots to cancel, ready slots
+        to retire).
 
         ``seen_s`` is the driver's clock when it asked (recorded in ``log.controls``;
         None: ``view.now_s``).
 
         Launches take off slots holding queued requests first (requests routed while the
-        fleet was empty), then the lowest. Retirements take ready slots, the least loaded and
-        then the highest first; starting slots finish their cold start (a later decision may
-        retire them).
+        fleet was empty), then the lowest. A scale-down takes starting slots first, the most
+        recently launched (then the highest) first, then ready slots, the least loaded and
+        then the highest first. Ray Serve 2.60 does the same in kind:
+        ``DeploymentScheduler._get_replicas_to_stop`` puts the replicas that are not running
+        (pending allocation, launching, recovering) ahead of the running ones; among those
+        it takes whatever order a set gives, so the newest-first rule here is servelab's
+        (the one Ray applies to its running replicas on a node), a deterministic choice
+        that cancels the launch furthest from ready when cold starts are alike. Among ready
+        slots Ray takes the newest on the emptiest node; servelab, with no nodes, keeps its
+        least-loaded rule (fewest requests to finish while draining).
+
+        A cancelled slot holds requests only when no slot was ready (:meth:`candidates`
+        sends arrivals to starting slots then). Ray never gives a request to a replica that
+        is not running: its router holds the request until one is. The core hands such a
+        slot's requests back to :meth:`candidates` at the cancel, which is where Ray's
+        router would send them when a replica comes up, so the scale-down decision does not
+        depend on what the slot holds.
         """
         want = self.autoscaler.desired(view)
         have = view.replicas
@@ -136,11 +155,14 @@ class Fleet:
                                       view.ongoing, have, want))
         if want > have:
             off = sorted(self.slots(OFF), key=lambda r: (-queued_per_slot[r], r))
-            return off[:want - have], []
+            return off[:want - have], [], []
         if want < have:
+            excess = have - want
+            starting = sorted(self.slots(STARTING),
+                              key=lambda r: (-self.launched_at_s[r], -r))[:excess]
             ready = sorted(self.slots(READY), key=lambda r: (queued_per_slot[r], -r))
-            return [], ready[:have - want]
-        return [], []
+            return [], starting, ready[:excess - len(starting)]
+        return [], [], []
 
     def _move(self, replica: int, now_s: float, state: str, event: str) -> None:
         """Put a slot in ``state``, logging ``event`` and the new counts."""
@@ -150,10 +172,23 @@ class Fleet:
 
     def launch(self, replica: int, now_s: float) -> None:
         """A slot starts its cold start."""
+        self.launched_at_s[replica] = now_s
         self._move(replica, now_s, STARTING, "launch")
+
+    def cancel(self, replica: int, now_s: float) -> None:
+        """A starting slot is removed before its cold start ends: it goes off now (it never
+        served, so there is nothing to drain); its replica-seconds stop here. The driver
+        must drop the launch (its ready report, when it comes, is not this slot's).
+        """
+        if self.state[replica] != STARTING:
+            raise ValueError(f"replica {replica} is {self.state[replica]}, not starting")
+        self.launched_at_s[replica] = math.nan
+        self._move(replica, now_s, OFF, "cancel")
 
     def ready(self, replica: int, now_s: float) -> None:
         """A starting slot's model is loaded: it serves from now."""
+        if self.state[replica] != STARTING:  # e.g. a cancelled launch's late report
+            raise ValueError(f"replica {replica} is {self.state[replica]}, not starting")
         self.ready_at_s[replica] = now_s
         self._move(replica, now_s, READY, "ready")
 
@@ -346,6 +381,8 @@ def _load_times_s(events: pd.DataFrame) -> np.ndarray:
         for time_s, event in zip(group["time_s"], group["event"], strict=True):
             if event == "launch":
                 pending = time_s
+            elif event == "cancel":  # never loaded: no load time
+                pending = None
             elif event == "ready" and pending is not None:
                 out.append(time_s - pending)
                 pending = None

@@ -153,12 +153,13 @@ def _check_control_ticks(measured: Any, driver: Any, cfg: dict[str, Any]) -> Non
     # it in later: by at most the worst notice lateness this run measured
     notice_s = max(driver.health.notice_lateness_s, default=0.0)
     for tick_s, seen_s, ongoing, replicas, desired in controls:
-        # the replica count: the resident ones plus launches less retirements decided at
-        # earlier ticks (exact; a fleet that counts a replica twice, or forgets a starting
-        # one and launches again, fails)
+        # the replica count: the resident ones plus launches less retirements and cancelled
+        # launches decided at earlier ticks (exact; a fleet that counts a replica twice, or
+        # forgets a starting one and launches again, or still counts a cancelled one, fails)
         before = times_s < tick_s
         assert replicas == resident + int((before & (kinds == "launch")).sum()) \
-            - int((before & (kinds == "retire")).sum()), (tick_s, replicas)
+            - int((before & (kinds == "retire")).sum()) \
+            - int((before & (kinds == "cancel")).sum()), (tick_s, replicas)
         # the answer acted on at the tick (a launch stamped at another time than its
         # decision, or a decision not carried out, fails): as many launches as it asked for,
         # fewer only by slots still held by retired replicas the tick may have seen draining
@@ -171,15 +172,24 @@ def _check_control_ticks(measured: Any, driver: Any, cfg: dict[str, Any]) -> Non
             ((kinds == "stop") & (times_s <= seen_s - notice_s - 1e-9)).sum())
         assert max(desired - replicas, 0) - max(may_drain, 0) <= launched \
             <= max(desired - replicas, 0), (tick_s, desired, replicas, launched)
-        # retirements: as many as asked, fewer only where too few replicas were ready (a
-        # starting one is not retired); ready = ready events less retirements before the
-        # tick, a cold start ending between the tick and when it was asked on either side
-        retired_before = int((before & (kinds == "retire")).sum())
-        ready_lo = int(((kinds == "ready") & before).sum()) - retired_before
-        ready_hi = int(((kinds == "ready") & (times_s <= seen_s + 1e-9)).sum()) - retired_before
+        # a scale-down: exactly as many removed as asked (the count is of replicas ready or
+        # starting, so there always are enough), the starting ones first (cancelled, as Ray
+        # stops replicas not running yet first), then ready ones (retired). Starting =
+        # launches less ready events and cancels before the tick, a cold start ending
+        # between the tick and when it was asked on either side. A fleet that retires a
+        # ready replica while one is starting (the old rule) fails the cancel count
         excess = max(replicas - desired, 0)
-        assert min(excess, ready_lo) <= int((at & (kinds == "retire")).sum()) \
-            <= min(excess, ready_hi), (tick_s, replicas, desired, ready_lo, ready_hi)
+        cancelled = int((at & (kinds == "cancel")).sum())
+        retired = int((at & (kinds == "retire")).sum())
+        assert cancelled + retired == excess, (tick_s, replicas, desired, cancelled, retired)
+        launched_before = int((before & (kinds == "launch")).sum())
+        cancelled_before = int((before & (kinds == "cancel")).sum())
+        loaded_before = int((before & (kinds == "ready")).sum()) - resident
+        loaded_by_seen = int(((kinds == "ready") & (times_s <= seen_s + 1e-9)).sum()) - resident
+        starting_hi = launched_before - loaded_before - cancelled_before
+        starting_lo = launched_before - loaded_by_seen - cancelled_before
+        assert min(excess, starting_lo) <= cancelled <= min(excess, starting_hi), (
+            tick_s, excess, starting_lo, starting_hi, cancelled)
         # the ongoing count (queued + running = admitted - completed: nothing here expires
         # or is rejected). The core admits the arrivals up to the tick, and, in the step that
         # takes the tick seen_s late, up to the finishes it takes in first (<= seen_s); it
@@ -280,3 +290,67 @@ def test_a_big_heap_does_not_pause_the_live_clock(tmp_path) -> None:
     # and what the autoscaler saw at each tick is what the run's records held at that tick
     # up to that lateness (as in test_live_scales_up_and_down_like_the_simulator)
     _check_control_ticks(measured, drivers[0], cfg)
+
+
+def test_a_live_scale_down_cancels_loading_replicas_and_frees_what_they_load(
+        tmp_path, monkeypatch) -> None:
+    # from zero: the first arrival launches 3 replicas (the schedule); arrivals wait on the
+    # loading ones (jsq over the three: none is ready); at the 0.5 s tick the schedule wants
+    # 1: the two newest launches (2, then 1) are cancelled, as Ray stops replicas not running
+    # yet first, and what they held goes back to the router (to replica 0)
+    import threading
+    import weakref
+
+    import calibration.cold_start
+
+    t = np.append(np.arange(0, 0.3, 0.02), 1.0)
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"t": t}).to_csv(path, index=False)
+    cfg = scenario(tmp_path)
+    cfg["workload"]["path"] = str(path)
+    cfg["routing"] = "jsq"
+    cfg["autoscaling"] = {"kind": "schedule", "steps": [[0, 3], [0.4, 1]], "min_replicas": 0,
+                          "initial_replicas": 0, "cold_start_s": COLD_S,
+                          "control_period_s": 0.25}
+    drivers: list[Any] = []
+    loaded: dict[int, weakref.ref[SleepRunner]] = {}
+    released: list[str] = []
+    monkeypatch.setattr(calibration.cold_start, "release", released.append)
+
+    def loader(replica: int) -> tuple[SleepRunner, dict[str, float]]:
+        if replica == 0:
+            precise_sleep(COLD_S)
+        else:  # 1 and 2 load until the run has cancelled them (their load outlasts the cancel)
+            fleet = drivers[0].core.fleet
+            give_up_s = time.perf_counter() + 30.0  # a hang guard, not a tolerance
+            while fleet.state[replica] == "starting" and time.perf_counter() < give_up_s:
+                time.sleep(0.005)
+        runner = SleepRunner(linear_s)
+        loaded[replica] = weakref.ref(runner)
+        return runner, {"build_s": COLD_S, "first_forward_s": 0.0, "total_s": COLD_S}
+
+    measured = live(cfg, runners=[], loader=loader, on_driver=drivers.append)
+    s, req, ev = measured.summary, measured.requests, measured.fleet_events
+    assert s["ok"] == len(req) == len(t)  # nothing lost with the cancelled replicas
+    assert (req["replica"] == 0).all() and set(measured.batches["replica"]) == {0}
+    for r in (1, 2):
+        assert ev.loc[ev["replica"] == r, "event"].tolist() == ["launch", "cancel"]
+    cancel_s = ev.loc[ev["event"] == "cancel", "time_s"].tolist()
+    assert cancel_s == [0.5, 0.5] and ev.loc[ev["event"] == "cancel", "replica"].tolist() == [
+        2, 1]
+    # at least one of them held requests before the cancel (jsq over three loading replicas)
+    q = measured.queue
+    held = q[q["queue"].isin([1, 2]) & (q["time_s"] < 0.5)]["length"]
+    assert held.max() > 0
+    # the cancelled launches never became ready (the driver dropped whatever they reported)
+    # and each, once its load ended, let its model go: its own thread released it (the
+    # driving thread does not wait for a load), and no reference to the runner is left
+    assert [x["replica"] for x in measured.meta["cold_starts_measured_s"]] == [0]
+    for thread in threading.enumerate():
+        if thread.name in ("replica-1", "replica-2"):
+            thread.join(30.0)  # a hang guard: the load ended with the cancel
+    import gc
+
+    gc.collect()
+    assert released.count("cpu") == 2, released
+    assert loaded[1]() is None and loaded[2]() is None

@@ -101,6 +101,7 @@ class LlmCore:
         self.fleet = fleet
         self.launched: list[int] = []  # replicas launched since the driver last looked
         self.stopped: list[int] = []  # drained replicas stopped since then
+        self.cancelled: list[int] = []  # launches dropped since then (before they were ready)
         self._in_step = [False] * len(self.schedulers)  # an engine the driver is running
         self._wake_s = [math.inf] * len(self.schedulers)  # an idle engine's timer
         if fleet is not None and len(fleet.state) != len(self.schedulers):
@@ -146,9 +147,10 @@ class LlmCore:
                 self.autoscale_until(now_s)
         if admit:
             self.admit_until(now_s)
-        launch, stop = tuple(self.launched), tuple(self.stopped)
+        launch, stop, cancel = tuple(self.launched), tuple(self.stopped), tuple(self.cancelled)
         self.launched.clear()
         self.stopped.clear()
+        self.cancelled.clear()
         start: list[StepStart] = []
         if plan:
             for r in range(len(self.schedulers)):
@@ -171,7 +173,7 @@ class LlmCore:
             wake_s = min(wake_s, self.next_arrival_s())
             if fleet is not None and self.ticking():
                 wake_s = min(wake_s, fleet.next_tick_s)
-        return LlmActions(start, wake_s, launch, stop)
+        return LlmActions(start, wake_s, launch, stop, cancel)
 
     def in_step(self, replica: int) -> bool:
         """Whether the driver is running a step on ``replica`` (started, not yet ended)."""
@@ -229,16 +231,19 @@ class LlmCore:
 
     def control(self, now_s: float) -> None:
         """Consult the autoscaler: launch engines (the driver reports them ready after their
-        cold start) and retire others (they finish every request they hold, then stop).
+        cold start), cancel starting ones and retire ready ones (they finish every request
+        they hold, then stop), as :meth:`sim.serving.fleet.Fleet.plan` says.
         """
         fleet = self.fleet
         assert fleet is not None
         queued = sum(s.queued() for s in self.schedulers)
         view = fleet.view(now_s, queued, sum(self._outstanding) - queued)
-        launch, retire = fleet.plan(view, list(self._outstanding))
+        launch, cancel, retire = fleet.plan(view, list(self._outstanding))
         for r in launch:
             fleet.launch(r, now_s)
             self.launched.append(r)
+        for r in cancel:
+            self.cancel_launch(r, now_s)
         for r in retire:
             fleet.retire(r, now_s)
             self.stop_if_drained(r, now_s)
@@ -257,6 +262,37 @@ class LlmCore:
         self.admit_until(now_s)
         if fleet.empty() and sum(self._outstanding) > 0:
             self.control(now_s)
+
+    def cancel_launch(self, replica: int, now_s: float) -> None:
+        """A loading engine is dropped: it goes off now, and the requests routed to it while
+        no engine was ready go back to the router (Ray's router holds a request until some
+        replica runs; see :meth:`sim.serving.fleet.Fleet.plan`).
+        """
+        fleet = self.fleet
+        assert fleet is not None
+        fleet.cancel(replica, now_s)
+        if replica in self.launched:  # launched in this same step: the driver never saw it
+            self.launched.remove(replica)
+        else:
+            self.cancelled.append(replica)
+        sched = self.schedulers[replica]
+        if getattr(sched, "running", None) or getattr(sched, "batch", None):
+            raise StepInvariantError(f"replica {replica} ran requests before it was ready")
+        if not sched.waiting:
+            return
+        moved = list(sched.waiting)
+        sched.waiting.clear()
+        self._outstanding[replica] -= len(moved)
+        self._record_queue(replica, now_s)
+        touched: set[int] = set()
+        for seq in moved:  # the replicas share one configuration: none refuses it now
+            r = self._route(now_s, seq)
+            self.replica[seq.id] = r
+            self.schedulers[r].add(seq)
+            self._outstanding[r] += 1
+            touched.add(r)
+        for r in sorted(touched):
+            self._record_queue(r, now_s)
 
     def ready(self, replica: int, now_s: float) -> None:
         """A launched engine has loaded its model."""

@@ -68,9 +68,13 @@ class LlmActions(NamedTuple):
             period; inf: never).
         launch: Engines to start (autoscaling): load the model, then report them ready.
         stop: Engines that finished their work after being retired: free the model.
+        cancel: Launches to drop (a scale-down while they load): never report them ready,
+            free what they loaded. A driver applies ``cancel``, then ``stop``, then
+            ``launch`` (as :class:`sim.serving.core.CoreActions`).
     """
 
     start: list[StepStart]
     wake_s: float
     launch: tuple[int, ...] = ()
     stop: tuple[int, ...] = ()
+    cancel: tuple[int, ...] = ()

@@ -98,3 +98,34 @@ def test_bad_llm_autoscaling_is_one_line(change: dict[str, Any], text: str) -> N
     with pytest.raises(Exception) as info:
         run(scenario(**change))
     assert text in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_scale_down_while_engines_load_cancels_them_and_reroutes_what_they_held(
+        tmp_path) -> None:
+    # from zero: the first arrival launches 3 engines (the schedule); the next ones wait on
+    # the loading engines (none is ready); at 1 s the schedule wants 1: the two newest
+    # launches (2, then 1) are cancelled, as Ray stops replicas not running yet first, and
+    # the requests they held go back to the router (engine 0, still loading)
+    times = np.append(np.arange(0.0, 0.9, 0.05), 6.0)  # the last one: the window to 6 s
+    path = Path(tmp_path) / "t.csv"
+    pd.DataFrame({"t": times}).to_csv(path, index=False)
+    workload = {"kind": "trace", "path": str(path), "timestamp_column": "t",
+                "prompt_tokens": 100, "output_tokens": 10}
+    cfg = scenario(workload=workload, warmup_s=0, autoscaling={
+        "kind": "schedule", "steps": [[0, 3], [1.0, 1]], "min_replicas": 0,
+        "initial_replicas": 0, "cold_start_s": 4, "control_period_s": 0.5})
+    result = run(cfg)
+    req, steps, ev, s = result.requests, result.steps, result.fleet_events, result.summary
+    assert ev[["time_s", "replica", "event"]].values.tolist() == [
+        [0.0, 0, "launch"], [0.0, 1, "launch"], [0.0, 2, "launch"],
+        [1.0, 2, "cancel"], [1.0, 1, "cancel"], [4.0, 0, "ready"]]
+    assert (req["status"] == "ok").all() and len(req) == len(times)  # nothing lost
+    assert (req["replica"] == 0).all() and set(steps["replica"]) == {0}
+    assert (req["first_token_s"] >= 4.0).all()
+    # replica-seconds over the window [0, 6 s]: engine 0 all of it, engines 1 and 2 from
+    # 0 s to the cancel at 1 s (to their ready at 4 s, 6 s more, if they had loaded on)
+    assert s["window_s"] == 6.0
+    assert s["replica_seconds"] == pytest.approx(6.0 + 2 * 1.0, rel=1e-12)
+    again = run(cfg)  # the same seed: the same output
+    pd.testing.assert_frame_equal(again.requests, req)
+    pd.testing.assert_frame_equal(again.fleet_events, ev)
