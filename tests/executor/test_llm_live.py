@@ -486,3 +486,69 @@ def test_a_launched_engine_loads_a_real_decoder(tmp_path) -> None:
     assert set(result.steps["replica"]) > {0}
     out = result.write(tmp_path / "run")
     assert (out / "replicas.parquet").exists()
+
+
+def test_a_live_scale_down_cancels_loading_engines_and_drops_their_decoders(tmp_path) -> None:
+    # the LLM engine under the same rule as the request driver: from zero the first arrival
+    # launches 3 engines (the schedule), arrivals wait on the loading ones; at the 0.5 s tick
+    # the schedule wants 1: the two newest launches (2, then 1) are cancelled, what they held
+    # goes back to the router, and their decoders, when their loads end, are dropped
+    import time
+    import weakref
+
+    import pandas as pd
+
+    from executor.llm_driver import LiveLlmEngine, ReplayDecoder
+    from executor.testing import precise_sleep
+    from sim.drivers.llm_simulate import build_llm_core, build_step_model, decoder_capacity
+    from sim.scenario.llm import load_llm_scenario
+    from sim.serving.types import OK
+
+    t = np.append(np.arange(0, 0.3, 0.02), 1.0)
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"t": t}).to_csv(path, index=False)
+    cfg = scenario()
+    cfg.pop("model")
+    cfg["workload"] = {"kind": "trace", "path": str(path), "timestamp_column": "t",
+                       "prompt_tokens": 20, "output_tokens": 5}
+    cfg["autoscaling"] = {"kind": "schedule", "steps": [[0, 3], [0.4, 1]], "min_replicas": 0,
+                          "initial_replicas": 0, "cold_start_s": 0.3,
+                          "control_period_s": 0.25}
+    scn = load_llm_scenario(cfg)
+    core = build_llm_core(scn)
+    model = build_step_model(scn)
+    slots, max_len = decoder_capacity(scn, core)
+    fleet = core.fleet
+    assert fleet is not None
+    made: dict[int, weakref.ref[ReplayDecoder]] = {}
+
+    def loader(replica: int) -> ReplayDecoder:
+        if replica == 0:
+            precise_sleep(0.3)
+        else:  # 1 and 2 load until the run has cancelled them (their load outlasts the cancel)
+            give_up_s = time.perf_counter() + 30.0  # a hang guard, not a tolerance
+            while fleet.state[replica] == "starting" and time.perf_counter() < give_up_s:
+                time.sleep(0.005)
+        decoder = ReplayDecoder(model, slots, max_len)
+        made[replica] = weakref.ref(decoder)
+        return decoder
+
+    engine = LiveLlmEngine(core, [None] * len(core.schedulers), loader=loader)
+    engine.run()
+    ev = fleet.log.event_frame()
+    for r in (1, 2):
+        assert ev.loc[ev["replica"] == r, "event"].tolist() == ["launch", "cancel"]
+    assert ev.loc[ev["event"] == "cancel", ["time_s", "replica"]].values.tolist() == [
+        [0.5, 2], [0.5, 1]]
+    assert (core.status == OK).all() and (core.replica == 0).all()  # nothing lost
+    assert [x["replica"] for x in engine.cold_starts_s] == [0]  # the cancelled never ready
+    # what the loading engines held went back at the cancel: some was queued on 1 or 2
+    held = [n for q, n, at_s in zip(core.queue_replica, core.queue_len, core.queue_time_s,
+                                    strict=True) if q in (1, 2) and at_s < 0.5]
+    assert max(held) > 0
+    assert engine.decoders[1] is None and engine.decoders[2] is None
+    assert 1 in made and 2 in made  # both loads ended within the run (the last arrival, 1 s)
+    import gc
+
+    gc.collect()
+    assert made[1]() is None and made[2]() is None  # no reference left to their decoders
