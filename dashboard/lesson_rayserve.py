@@ -1,6 +1,6 @@
 """The autoscaling lesson's check against a real system: servelab's predicted replica count
 beside the count Ray Serve's controller reported, on the same burst day, from the committed
-result of ``benchmarks/fidelity_rayserve_autoscale.py`` (nothing is run here).
+result of ``benchmarks/fidelity_rayserve_autoscale.py --tag hold`` (nothing is run here).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dashboard.i18n import chart, frame
 from dashboard.state import fmt
 
 RESULT = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / \
-    "fidelity_rayserve_autoscale.json"
+    "fidelity_rayserve_autoscale_hold.json"
 
 TEXT = {
     "en": "**Against a real autoscaler.** Ray Serve ran a deployment with the same rule "
@@ -27,13 +27,16 @@ TEXT = {
           "({phases}); its controller's replica count was polled every 0.25 s. servelab "
           "predicted the same day with its `target` autoscaler. The service is a calibrated "
           "sleep (a batch of n takes {a} + {b}·n ms), so replicas on this small machine do "
-          "not slow each other down.",
+          "not slow each other down. servelab batches as Ray's batcher does (the next batch "
+          "forms while one runs) and, past Ray's `max_ongoing_requests`, holds requests at "
+          "the router as Ray does.",
     "zh": "**与真实的自动扩缩容对比。** Ray Serve 用同样的规则（副本数最少 {min}、最多 {max}，"
           "`target_ongoing_requests` {target}，`upscale_delay_s` {up}，`downscale_delay_s` "
           "{down}）在突发的一天（{phases}）中运行，每 0.25 秒读取一次其控制器给出的副本数；"
           "servelab 用 `target` 自动扩缩容预测同一天。服务是校准过的 `asyncio.sleep`"
           "（n 个请求的批次耗时 {a} + {b}·n 毫秒），因此在这个只有 2 核的机器上副本之间"
-          "不会互相拖慢。",
+          "不会互相拖慢。servelab 按 Ray 批处理器的规则组批（上一批运行时下一批已在组成），"
+          "并像 Ray 一样，把超过 `max_ongoing_requests` 的请求留在路由器等待。",
 }
 
 
@@ -75,8 +78,8 @@ def ray_autoscale_panel(lang: str) -> None:
     """The comparison: text, the replica-count figure for a chosen run, the error table."""
     data = load_result()
     if data is None:
-        st.caption("benchmarks/results/fidelity_rayserve_autoscale.json is missing"
-                   if lang == "en" else "没有 benchmarks/results/fidelity_rayserve_autoscale.json")
+        st.caption(f"benchmarks/results/{RESULT.name} is missing"
+                   if lang == "en" else f"没有 benchmarks/results/{RESULT.name}")
         return
     day = data["day"]
     unit = "s at" if lang == "en" else "秒，每秒"
