@@ -156,9 +156,9 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
     # holds every request at least as long as Ray did (exact, _check_replay_covers_ray)
     replay_policy = {**scenario["policy"], "timer": "arrival"}
     replay_service = {"kind": "profile", "path": str(run_path), "extrapolate": True}
-    allowance_ms, old_ms, covered = _replayed_allowance_ms(
+    allowance_ms, old_ms, covered, fewer_batches = _replayed_allowance_ms(
         {0: batches}, {0: held}, ids, replay_policy, replay_service, tmp_path,
-        own_durations=True)
+        own_durations=True, batch_policy=scenario["policy"])
     # got - want is the replica's mean holding time less servelab's predicted latency (the
     # outside path cancels per request): within 4 standard errors of the difference of the
     # two means (the simulator draws its own service times from the run's), plus, above,
@@ -175,8 +175,19 @@ def test_ray_serve_batches_and_servelab_predicts_it(ray_minilm: Any, tmp_path: P
           f"{covered} requests of {len(held)}")
     assert -tolerance <= got - want <= tolerance + allowance_ms, (
         got, want, tolerance, float(outside_ms.mean()), allowance_ms, old_ms)
-    assert abs(ray_batches.mean() - predicted.summary["mean_batch_size"]) <= 0.5, (
-        ray_batches.mean(), predicted.summary["mean_batch_size"])
+    # Ray's mean batch size against the prediction's, as batch counts on the one schedule
+    # both ran (the same requests: the means differ only as the counts do): between
+    # servelab's timer: first (the prediction) less the batches the run's lateness merged
+    # and its timer: arrival, each up to a paired t on the seconds of the schedule, 1 false
+    # alarm in 100 runs (_batch_count_check says why). At this load (0.4, about 100
+    # requests) few batches hold more than one: first 89 and arrival 91 batches on a quiet
+    # run, Ray 88, band 85 to 98; a servelab batcher that never waits predicts 94 / 97 and
+    # is caught only just, a window twice as long (86 / 87) not. Before, |mean - mean| <=
+    # 0.5, a chosen margin, held for anything up to batches of 1.6 on average
+    batch = _batch_count_check({0: batches}, {0: held}, measured, predicted, sim.run(
+        {**scenario, "policy": replay_policy}, {"service": {"kind": "profile", "path": str(
+            run_path), "extrapolate": True}}), fewer_batches, block_s=1.0, alpha=0.01)
+    print("ray-minilm: batches", json.dumps({k: round(v, 3) for k, v in batch.items()}))
     # Ray never splits what servelab's batching rule, fed the times requests reached the
     # batcher, would join: its batches are at most the rule's in number (exact). A Ray
     # batcher that closed a batch before its window, or a servelab rule that joined
@@ -604,33 +615,103 @@ def _check_replay_covers_ray(batches: list[Any], requests: list[Any],
 
 def _replayed_allowance_ms(batches: dict[Any, list[Any]], requests: dict[Any, list[Any]],
                            ids: list[str], policy: dict[str, Any], service: dict[str, Any],
-                           run_dir: Path, *, own_durations: bool
-                           ) -> tuple[float, float, list[int]]:
+                           run_dir: Path, *, own_durations: bool,
+                           batch_policy: dict[str, Any]) -> tuple[float, float, list[int], int]:
     """The lateness's effect on the mean holding time of the requests ``ids``: per replica
     (``batches`` and ``requests`` keyed alike), its own batch cycle replayed with the run's
     measured lateness less without it (:func:`_replayed_holding_ms`), averaged over
     ``ids``; with the old allowance (the mean lateness once per request, for the print)
     and, per replica, how many requests the exact coverage check covered.
+
+    Also the lateness's effect on the number of batches: the same two replays run with
+    ``batch_policy`` (the prediction's batcher), summed over the replicas, the batches
+    without lateness less those with it. ``policy``'s ``timer: arrival`` cannot show it: its
+    batches are fixed by the arrivals alone, so a late start only delays them.
     """
     wanted = set(ids)
     extra_ms: dict[str, float] = {}
     covered = []
+    fewer_batches = 0
     for rid in requests:
-        plain_ms, _ = _replayed_holding_ms(batches[rid], requests[rid], policy, service,
-                                           run_dir / f"replay-{rid}", late=False,
-                                           own_durations=own_durations)
-        late_ms, late_batches = _replayed_holding_ms(
-            batches[rid], requests[rid], policy, service, run_dir / f"replay-{rid}",
-            late=True, own_durations=own_durations)
+        replays = {(pol is batch_policy, late): _replayed_holding_ms(
+            batches[rid], requests[rid], pol, service, run_dir / f"replay-{rid}", late=late,
+            own_durations=own_durations)
+            for pol in (policy, batch_policy) for late in (False, True)}
+        (plain_ms, _), (late_ms, late_batches) = replays[False, False], replays[False, True]
         covered.append(_check_replay_covers_ray(batches[rid], requests[rid], late_batches))
         extra_ms.update({str(r[0]): late - plain for r, late, plain in zip(
             requests[rid], late_ms, plain_ms, strict=True) if str(r[0]) in wanted})
+        fewer_batches += len(replays[True, False][1]) - len(replays[True, True][1])
     old_ms = float(np.mean([late for rid in requests for r, late in zip(
         requests[rid], _replica_lateness_ms(batches[rid], requests[rid],
                                             int(policy["max_batch_size"]),
                                             float(policy["max_wait_ms"]) / 1e3),
         strict=True) if str(r[0]) in wanted]))
-    return float(np.mean([extra_ms[i] for i in ids])), old_ms, covered
+    return float(np.mean([extra_ms[i] for i in ids])), old_ms, covered, fewer_batches
+
+
+def _batch_count_check(batches: dict[Any, list[Any]], requests: dict[Any, list[Any]],
+                       measured: Any, predicted: Any, arrival: Any, fewer_batches: int,
+                       block_s: float, alpha: float) -> dict[str, float]:
+    """Ray's batches against the prediction's, on the one seeded schedule both ran: with
+    the same requests on both sides (checked), the mean batch size differs only as the
+    batch counts do. Ray runs no more batches than servelab's batcher with ``timer:
+    arrival`` predicts (``arrival``: the scenario run so; Ray 2.60's batcher opens a window
+    at its first request's take-off even while a batch runs, and lateness only merges,
+    _check_batches_against_rule), and no fewer than the prediction's ``timer: first``
+    (``predicted``: a window opens when the replica frees, as a late timer that fires once
+    a busy loop frees does) less ``fewer_batches``, the batches the run's measured lateness
+    merged in that batcher on this run's own arrivals (:func:`_replayed_allowance_ms`).
+
+    Each side up to the noise: every batch is placed in the block of ``block_s`` of the
+    schedule its first request was scheduled in (Ray's: the replicas' ``batches`` with the
+    requests that rode them, :func:`_replica_lateness_parts`; the simulator's: its request
+    table), and the per-block difference in batches is tested as the replicas' balance is,
+    a paired t on the blocks with the spread of this run's own blocks, one-sided at
+    ``alpha / 2`` each way. Why paired blocks: both sides batch the same arrivals, so a
+    burst that makes large batches makes them on both, and the difference keeps what
+    differs (the simulator's service draws or routing, the path outside the replica, the
+    lateness); a plain standard error of each side's batch sizes counts the shared
+    arrivals twice and treats sizes as independent, which in a queue they are not (a busy
+    spell makes several large batches in a row). A block of a second holds tens to
+    hundreds of batches and a busy spell lasts tens of ms (hundreds beside CPU hogs), so
+    blocks are nearly independent. Returns the numbers, for the print.
+    """
+    sched = {str(i): float(t) for i, t in zip(measured.requests["id"],
+                                               measured.requests["scheduled_s"], strict=True)}
+    ray_first = []
+    for rid in requests:
+        which = _replica_lateness_parts(batches[rid], requests[rid], 1 << 30, 0.0)["which"]
+        first: dict[int, float] = {}
+        for r, k in zip(requests[rid], which, strict=True):
+            assert k >= 0  # every request answered after a batch it rode
+            if str(r[0]) in sched:  # (not the bench's preflight, id -1, before the schedule)
+                first[int(k)] = min(first.get(int(k), math.inf), sched[str(r[0])])
+        ray_first += list(first.values())
+    assert len(ray_first) <= sum(len(b) for b in batches.values()) <= len(ray_first) + 1
+    firsts = [np.asarray(ray_first)]
+    for result in (predicted, arrival):
+        table = result.requests
+        assert (table["status"].astype(str) == "ok").all()
+        np.testing.assert_allclose(np.sort(table["arrival_s"].to_numpy()), np.sort(list(
+            sched.values())), rtol=0, atol=1e-9)  # one schedule, every request on each side
+        firsts.append(table.groupby("batch_id")["arrival_s"].min().to_numpy())
+    n_blocks = int(max(f.max() for f in firsts) // block_s) + 1
+    ray_n, first_n, arrival_n = (np.bincount((f // block_s).astype(int), minlength=n_blocks)
+                                 for f in firsts)
+    t_q = float(stats.t.ppf(1 - alpha / 2, n_blocks - 1))
+    # on the sums, in batches: t times the standard error of the mean, times the blocks
+    low = t_q * float((ray_n - first_n).std(ddof=1)) * math.sqrt(n_blocks)
+    high = t_q * float((ray_n - arrival_n).std(ddof=1)) * math.sqrt(n_blocks)
+    got = {"ray": int(ray_n.sum()), "first": int(first_n.sum()),
+           "arrival": int(arrival_n.sum())}
+    assert got["first"] - low - fewer_batches <= got["ray"] <= got["arrival"] + high, (
+        got, low, high, fewer_batches, (ray_n - first_n).tolist())
+    n = len(sched)
+    return {**got, "low": got["first"] - low - fewer_batches, "high": got["arrival"] + high,
+            "fewer_batches": fewer_batches, "ray_mean": n / got["ray"],
+            "first_mean": n / got["first"], "arrival_mean": n / got["arrival"],
+            "requests": n}
 
 
 def _se_of_difference_ms(replica_ms: np.ndarray, predicted: Any) -> float:
@@ -716,8 +797,9 @@ def test_two_replicas_with_ray_routing_against_p2c(tmp_path: Path) -> None:
     # than Ray. Where Ray's late timer joined two of the rule's batches, the replay runs one
     # batch more (a base time more): there the allowance can only be larger than Ray's own
     replay_policy = {**scenario["policy"], "timer": "arrival"}
-    allowance_ms, old_ms, covered = _replayed_allowance_ms(
-        logs, held, ids, replay_policy, scenario["service"], tmp_path, own_durations=False)
+    allowance_ms, old_ms, covered, fewer_batches = _replayed_allowance_ms(
+        logs, held, ids, replay_policy, scenario["service"], tmp_path, own_durations=False,
+        batch_policy=scenario["policy"])
     # got - want is the replicas' mean holding time less servelab's predicted latency (the
     # outside path cancels per request): within 4 standard errors of the difference of the
     # two means (the simulator draws its own routing, as the MiniLM test's its own service
@@ -750,11 +832,21 @@ def test_two_replicas_with_ray_routing_against_p2c(tmp_path: Path) -> None:
     print(f"ray-2: replicas {per_replica}, per-second difference {diff.mean():.2f} "
           f"(bound {t_q * se_diff:.2f})")
     assert abs(diff.mean()) <= t_q * se_diff, (per_replica, diff.tolist())
-    sim_batch = predicted.summary["mean_batch_size"]
-    se_batch = float(sizes.std(ddof=1) / math.sqrt(sizes.size))
-    assert abs(sizes.mean() - sim_batch) <= 4 * se_batch + 0.15 * sim_batch, (
-        sizes.mean(), sim_batch)
+    # the mean batch size as batch counts between the prediction's timer: first, less the
+    # batches the run's lateness merged, and timer: arrival (the MiniLM test's check). At
+    # 60 req/s the two readings differ by a fifth: 496 and 592 batches of 640 requests
+    # (means 1.29, 1.08); Ray ran 490 to 539 on quiet runs, between them (its late timers
+    # merge towards first), band about 470 to 630. A servelab batcher that never waits
+    # predicts 573 / 640 (band from about 536): a Ray run in the lower half of its range
+    # catches it; a window twice as long (449 / 540) or timer: request (544) stays inside.
+    # The band's width is the gap between the two timers, not noise (the paired t is about
+    # 25 batches); the exact check below holds each replica to the rule on its own stamps
+    batch = _batch_count_check(logs, held, measured, predicted,
+                               sim.run({**scenario, "policy": replay_policy}), fewer_batches,
+                               block_s=1.0, alpha=0.01)
+    print("ray-2: batches", json.dumps({k: round(v, 3) for k, v in batch.items()}))
     # each replica's batches against servelab's rule on its own arrival stamps (exact: the
     # MiniLM test above says why)
     print("ray-2: batches, Ray's against the rule's:",
           [_check_batches_against_rule(logs[pid], held[pid], 4, 0.005) for pid in logs])
+
