@@ -125,11 +125,12 @@ class AutoscaleDay:
         return path
 
     def scenario(self, trace: Path, cold_start_s: float, profile: Path | None = None,
-                 drain: bool = True) -> dict[str, Any]:
+                 drain: bool = True, outside_ms: float = 0.0) -> dict[str, Any]:
         """The servelab scenario for the day: the same batcher, p2c routing, ``target``;
         the service is the nominal sleep, or ``profile`` (calibrated through the endpoint);
         ``drain``: a removed replica lingers as Ray's does (``graceful_shutdown_wait_loop_s``),
-        else it stops when its work is done.
+        else it stops when its work is done; ``outside_ms``: the path outside the replica,
+        which Ray's ongoing count holds (``autoscaling.outside_ms``).
         """
         service = (profile_service(load_profile(profile), str(profile)) if profile is not None
                    else {"kind": "linear", "base_ms": self.base_ms,
@@ -154,7 +155,8 @@ class AutoscaleDay:
                     "control_period_s": RECORD_FACTOR * self.look_back_period_s,
                     "cold_start_s": cold_start_s,
                     "graceful_shutdown_wait_loop_s":
-                        self.graceful_shutdown_wait_loop_s if drain else None}}
+                        self.graceful_shutdown_wait_loop_s if drain else None,
+                    "outside_ms": outside_ms}}
 
 
 def read_replica_log(path: Path, t0_unix: float) -> pd.DataFrame:
@@ -315,7 +317,11 @@ def _calibrate(url: str, day: AutoscaleDay, path: Path) -> Path:
 def _predict(day: AutoscaleDay, trace: Path, cold_s: float, profile: Path | None,
              overhead_ms: float, out: Path, drain: bool = True
              ) -> tuple[dict[str, Any], pd.DataFrame]:
-    predicted = sim.run(day.scenario(trace, cold_s, profile, drain))
+    # Ray's ongoing count holds the path outside the replica: the overhead measured from
+    # single requests (nominal) or the calibration's request overhead
+    outside_ms = overhead_ms if profile is None else float((load_profile(profile).meta[
+        "endpoint"].get("request_overhead") or {}).get("request_ms", 0.0))
+    predicted = sim.run(day.scenario(trace, cold_s, profile, drain, outside_ms))
     predicted.write(out)
     series = predicted.replicas
     assert series is not None  # an autoscaled run keeps its replica counts

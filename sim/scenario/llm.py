@@ -355,6 +355,9 @@ class LlmScenario(_Strict):
                 raise ValueError("autoscaling.graceful_shutdown_wait_loop_s: not modelled for "
                                  "LLM engines (a removed engine stops when its sequences "
                                  "finish); leave it out")
+            if getattr(self.autoscaling, "outside_ms", 0.0):
+                raise ValueError("autoscaling.outside_ms: not modelled for LLM engines (their "
+                                 "autoscaler counts the engines' own sequences); leave it out")
         if self.routing == "prefix_affinity" and not getattr(
                 self.policy, "enable_prefix_caching", False):
             raise ValueError("routing: prefix_affinity follows cached prefixes; it needs "

@@ -371,6 +371,10 @@ class TargetAutoscalingCfg(_AutoscalingBase):
     # for ongoing requests every this long, and shuts down at the first check that finds
     # none; None: it stops as soon as its work is done
     graceful_shutdown_wait_loop_s: float | None = Field(None, gt=0)
+    # Ray Serve counts a request as ongoing from its proxy's router until the proxy has the
+    # answer: the path outside the replica too. Each request also counts this long after its
+    # batch ends (0: only queued + running, the replica's own count)
+    outside_ms: float = Field(0.0, ge=0, le=60_000)
 
 
 class ConcurrencyAutoscalingCfg(_AutoscalingBase):

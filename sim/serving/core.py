@@ -23,6 +23,7 @@ timeouts, routing), :mod:`sim.serving.dispatch` (policy calls, batches),
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -131,6 +132,7 @@ class ServingCore:
         for q in range(n_queues):
             self.queue_series.record(0.0, q, 0)
         self._launch: list[int] = []
+        self._answered: deque[tuple[float, int]] = deque()  # (batch end, requests): outside_s
         self._stop: list[int] = []
         self._cancel: list[int] = []
         if fleet is not None:
@@ -170,6 +172,8 @@ class ServingCore:
                     early = early | got
                 dispatcher.finish(batch, finish_s, done[2], done[3])
                 freed.append(batch.replica)
+                if fleet is not None and fleet.outside_s:
+                    self._answered.append((finish_s, len(batch.request_ids)))
                 if self.admission.n_held:  # the replica has room: the router's wait moves
                     early = early | self.admission.release(finish_s)
                 if fleet is not None:
@@ -247,8 +251,8 @@ class ServingCore:
         running = self.dispatcher.running_requests()
         per_slot = [self.queues[self.queue_of[r]].length if len(self.queues) > 1 else 0
                     for r in range(self.n_replicas)]
-        launch, cancel, retire = fleet.plan(fleet.view(now_s, self.queued(), running),
-                                            per_slot, seen_s)
+        launch, cancel, retire = fleet.plan(
+            fleet.view(now_s, self.queued() + self._outside(now_s), running), per_slot, seen_s)
         for r in launch:
             fleet.launch(r, now_s)
             self._launch.append(r)
@@ -256,6 +260,18 @@ class ServingCore:
             self._cancel_launch(r, now_s)
         for r in retire:
             self._retire(r, now_s)
+
+    def _outside(self, now_s: float) -> int:
+        """Requests whose batch ended in the last ``fleet.outside_s`` before ``now_s``: still
+        on the path outside the replica, which Ray Serve's ongoing count holds.
+        """
+        answered = self._answered
+        if not answered:
+            return 0
+        lo_s = now_s - self.fleet.outside_s  # type: ignore[union-attr]
+        while answered and answered[0][0] <= lo_s:
+            answered.popleft()
+        return sum(n for end_s, n in answered if end_s <= now_s)
 
     def _cancel_launch(self, replica: int, now_s: float) -> None:
         """A starting replica is dropped: it goes off now and the requests routed to it

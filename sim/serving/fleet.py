@@ -72,11 +72,14 @@ class Fleet:
         control_period_s: How often the autoscaler is consulted.
         stop_poll_s: A draining replica stops at the first poll that finds it idle, polls
             ``stop_poll_s`` apart from its removal (None: as soon as its work is done).
+        outside_s: The autoscaler counts each request as ongoing also this long after its
+            batch ends (the path outside the replica that Ray Serve's count holds).
     """
 
     def __init__(self, n_slots: int, autoscaler: Autoscaler, control_period_s: float,
-                 stop_poll_s: float | None = None) -> None:
+                 stop_poll_s: float | None = None, outside_s: float = 0.0) -> None:
         self.autoscaler = autoscaler
+        self.outside_s = outside_s  # a request counts as ongoing this long after its batch
         self.control_period_s = control_period_s
         self.stop_poll_s = stop_poll_s
         self.poll_at_s = [math.inf] * n_slots  # a draining slot's next stop poll

@@ -139,3 +139,38 @@ def test_the_bound_needs_per_replica_queues() -> None:
         validate_scenario(_scenario(routing="shared"))
     with pytest.raises(ScenarioError, match="max_ongoing_requests"):
         validate_scenario(_scenario(queue={"max_ongoing_requests": 0}))
+
+
+def _outside_day(tmp_path: Path, outside_ms: float) -> Any:
+    # one request every 20 ms, 5 ms after each 20 ms mark (a trace starts at its first row:
+    # one at 0 first), each served alone in 10 ms: at every control tick (multiples of
+    # 0.2 s) the last request finished 5 ms before, so the replica holds none; counted
+    # 10 ms past its batch's end, it is still ongoing at each
+    trace = tmp_path / "t.csv"
+    pd.DataFrame({"t": np.r_[0.0, 0.005 + 0.02 * np.arange(499)]}).to_csv(trace, index=False)
+    scn = _scenario(
+        service={"kind": "constant", "ms": 10, "deterministic": True},
+        workload={"kind": "trace", "path": str(trace), "timestamp_column": "t"},
+        policy={"kind": "greedy", "max_batch_size": 1}, queue={},
+        autoscaling={"kind": "target", "min_replicas": 1, "max_replicas": 4,
+                     "target_ongoing_requests": 0.5, "upscale_delay_s": 0,
+                     "downscale_delay_s": 600, "look_back_period_s": 1,
+                     "control_period_s": 0.2, "cold_start_s": 0.1,
+                     "outside_ms": outside_ms})
+    del scn["replicas"]
+    return sim.run(scn)
+
+
+def test_the_autoscaler_counts_the_path_outside_the_replica(tmp_path: Path) -> None:
+    # Ray Serve's ongoing count holds a request from its proxy's router until the proxy
+    # has the answer; autoscaling.outside_ms counts each request that long past its batch.
+    # Without it every tick sees 0 ongoing and one replica stays; with 10 ms every tick
+    # sees 1, and a target of 0.5 asks for ceil(1 / 0.5) = 2
+    alone, counted = _outside_day(tmp_path, 0.0), _outside_day(tmp_path, 10.0)
+    assert alone.replicas is not None and counted.replicas is not None
+    assert int(alone.replicas["replicas"].max()) == 1
+    assert int(counted.replicas["replicas"].max()) == 2
+    # a request answered 5 ms before a tick is outside 5 ms later: 4 ms does not count it
+    assert int(_outside_day(tmp_path, 4.0).replicas["replicas"].max()) == 1
+    # the requests are served alike (the count only moves the fleet)
+    assert alone.summary["ok"] == counted.summary["ok"] == 500
