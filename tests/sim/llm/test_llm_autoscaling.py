@@ -93,6 +93,8 @@ def test_engines_run_steps_only_while_ready_or_draining_and_lose_nothing() -> No
     ({"autoscaling": {"kind": "target", "max_replicas": 2, "cold_start_s": 1,
                       "graceful_shutdown_wait_loop_s": 2}},
      "autoscaling.graceful_shutdown_wait_loop_s: not modelled for LLM engines"),
+    ({"autoscaling": {"kind": "target", "max_replicas": 2, "cold_start_s": 1,
+                      "outside_ms": 5}}, "autoscaling.outside_ms: not modelled for LLM engines"),
 ])
 def test_bad_llm_autoscaling_is_one_line(change: dict[str, Any], text: str) -> None:
     with pytest.raises(Exception) as info:
