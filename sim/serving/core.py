@@ -280,11 +280,7 @@ class ServingCore:
         """
         fleet = self.fleet
         assert fleet is not None
-        fleet.cancel(replica, now_s)
-        if replica in self._launch:  # launched in this same step: the driver never saw it
-            self._launch.remove(replica)
-        else:
-            self._cancel.append(replica)
+        fleet.cancel_for(replica, now_s, self._launch, self._cancel)
         self._reroute(replica, now_s)
 
     def _retire(self, replica: int, now_s: float) -> None:

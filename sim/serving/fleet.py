@@ -188,6 +188,18 @@ class Fleet:
         self.launched_at_s[replica] = math.nan
         self._move(replica, now_s, OFF, "cancel")
 
+    def cancel_for(self, replica: int, now_s: float, launched: list[int],
+                   cancelled: list[int]) -> None:
+        """:meth:`cancel`, and tell the driver: a launch of this same step (in
+        ``launched``, which the driver has not seen) is dropped from it; else the slot is
+        listed in ``cancelled`` for the driver to drop its load.
+        """
+        self.cancel(replica, now_s)
+        if replica in launched:
+            launched.remove(replica)
+        else:
+            cancelled.append(replica)
+
     def ready(self, replica: int, now_s: float) -> None:
         """A starting slot's model is loaded: it serves from now."""
         if self.state[replica] != STARTING:  # e.g. a cancelled launch's late report

@@ -270,11 +270,7 @@ class LlmCore:
         """
         fleet = self.fleet
         assert fleet is not None
-        fleet.cancel(replica, now_s)
-        if replica in self.launched:  # launched in this same step: the driver never saw it
-            self.launched.remove(replica)
-        else:
-            self.cancelled.append(replica)
+        fleet.cancel_for(replica, now_s, self.launched, self.cancelled)
         sched = self.schedulers[replica]
         if getattr(sched, "running", None) or getattr(sched, "batch", None):
             raise StepInvariantError(f"replica {replica} ran requests before it was ready")
