@@ -315,12 +315,14 @@ def _calibrate(url: str, day: AutoscaleDay, path: Path) -> Path:
 
 
 def _predict(day: AutoscaleDay, trace: Path, cold_s: float, profile: Path | None,
-             overhead_ms: float, out: Path, drain: bool = True
+             overhead_ms: float, out: Path, drain: bool = True, outside: bool = True
              ) -> tuple[dict[str, Any], pd.DataFrame]:
     # Ray's ongoing count holds the path outside the replica: the overhead measured from
-    # single requests (nominal) or the calibration's request overhead
+    # single requests (nominal) or the calibration's request overhead (``outside`` False:
+    # the autoscaler counts only what the replicas hold, the ablation)
     outside_ms = overhead_ms if profile is None else float((load_profile(profile).meta[
         "endpoint"].get("request_overhead") or {}).get("request_ms", 0.0))
+    outside_ms = outside_ms if outside else 0.0
     predicted = sim.run(day.scenario(trace, cold_s, profile, drain, outside_ms))
     predicted.write(out)
     series = predicted.replicas
@@ -351,6 +353,10 @@ def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
                                       run_dir / "sim-calibrated")
     no_drain, _ = _predict(day, trace, cold_s, profile, overhead_ms,
                            run_dir / "sim-calibrated-no-drain", drain=False)
+    no_outside, _ = _predict(day, trace, cold_s, None, overhead_ms,
+                             run_dir / "sim-no-outside", outside=False)
+    cal_no_outside, _ = _predict(day, trace, cold_s, profile, overhead_ms,
+                                 run_dir / "sim-calibrated-no-outside", outside=False)
     live_steps = step_metrics(log["time_s"].to_numpy(float), log["held"].to_numpy(float),
                               0.0, day.length_s)
     ok = measured.requests[measured.requests["status"] == "ok"]
@@ -368,6 +374,8 @@ def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
                      "requests": len(measured.requests)},
             "predicted": nominal, "predicted_calibrated": calibrated,
             "predicted_calibrated_no_drain": no_drain,
+            "predicted_no_outside": no_outside,
+            "predicted_calibrated_no_outside": cal_no_outside,
             "timeline": {"live": log[["time_s", "held", "running"]].round(3).values.tolist(),
                          "predicted": series[["time_s", "replicas"]].round(3).values.tolist(),
                          "predicted_calibrated":
