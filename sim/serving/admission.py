@@ -9,13 +9,14 @@ while every replica was busy is routed with that replica still busy, as it was t
 A bound on what a replica holds (``max_ongoing``, Ray Serve's ``max_ongoing_requests``: its
 queue plus its running requests): an arrival whose candidate replicas are all full waits at
 the router, in one FIFO (status QUEUED, replica -1), and so does every later arrival while
-any waits. Whenever a replica may have room (a batch ended, a replica became ready, a queue
-moved), :meth:`Admission.release` routes the waiting requests in order, each among the
-replicas with room, until none has; a released request's time at its replica's queue is
-recorded in ``table.joined_s`` (what a batcher sees as its arrival). Ray's router retries a
-held request with back-off (25 ms doubling to 0.5 s) and picks two replicas at random before
-it looks at their room; the model releases at once to a replica with room, so it is the
-limit of a router that retries without delay.
+any waits. Whenever a replica may have room (a batch ended, a replica became ready, a
+request left its queue: it timed out, or its policy dropped it), :meth:`Admission.release`
+routes the waiting requests in order, each among the replicas with room, until none has; a
+released request's time at its replica's queue is recorded in ``table.joined_s`` (what a
+batcher sees as its arrival). Ray's router retries a held request with back-off (25 ms
+doubling to 0.5 s) and picks two replicas at random before it looks at their room; the
+model releases at once to a replica with room, so it is the limit of a router that retries
+without delay.
 
 Invariant: every queue's ``length`` equals its requests with status QUEUED; the rest of the
 QUEUED requests wait at the router (:attr:`Admission.n_held`).
@@ -103,7 +104,7 @@ class Admission:
         while True:
             arrival_s = source.peek_s()
             if timeout_s is not None and self._expiry:
-                self._expire_until(min(arrival_s, now_s))
+                self._expire_until(min(arrival_s, now_s), touched)
             if arrival_s > now_s:
                 return touched
             self._admit(source.pop(), arrival_s, touched)
@@ -188,14 +189,20 @@ class Admission:
         assert running_of is not None
         assert limit is not None
         slots = self.candidates() if self.candidates is not None else None
-        loads = self.loads(now_s, slots)
-        room = [load for load in loads
-                if load.queue_len + running_of(load.index if slots is None else
-                                               slots[load.index]) < limit]
+        room: list[ReplicaLoad] = []
+        room_of: list[int] = []  # the replica of each load in ``room``
+        for load in self.loads(now_s, slots):
+            replica = load.index if slots is None else slots[load.index]
+            if load.queue_len + running_of(replica) < limit:
+                if load.index != len(room):  # a router reads an index as a position in
+                    # its list (jsq and least_work return the load's index): renumber
+                    load = ReplicaLoad(len(room), load.queue_len, load.queued_items,
+                                       load.running_batches, load.outstanding_work_s)
+                room.append(load)
+                room_of.append(replica)
         if not room:
             return None
-        choice = room[self.router.route(now_s, rid, room)].index
-        return choice if slots is None else slots[choice]
+        return room_of[self.router.route(now_s, rid, room)]
 
     def release(self, now_s: float) -> set[int]:
         """Route the requests waiting at the router, oldest first, while a replica has room.
@@ -245,7 +252,11 @@ class Admission:
         choice = self.router.route(now_s, rid, self.loads(now_s, slots))
         return choice if slots is None else slots[choice]
 
-    def _expire_until(self, until_s: float) -> None:
+    def _expire_until(self, until_s: float, touched: set[int]) -> None:
+        """Expire the requests whose timeout is up to ``until_s``; a request that leaves a
+        replica's queue makes room there, so the router's wait moves at once (else it would
+        wait for that replica's next batch to end, or forever if it has none running).
+        """
         expiry, status = self._expiry, self.table.status
         while expiry and expiry[0][0] <= until_s:
             at_s, rid = expiry.popleft()
@@ -260,3 +271,5 @@ class Admission:
             end_request(self.table, self.source, rid, TIMED_OUT, at_s, REASON_TIMEOUT)
             queue.forget(rid)
             self.queue_series.record(at_s, q, queue.length)
+            if self.n_held:
+                touched |= self.release(at_s)

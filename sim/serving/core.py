@@ -135,6 +135,7 @@ class ServingCore:
         self._answered: deque[tuple[float, int]] = deque()  # (batch end, requests): outside_s
         self._stop: list[int] = []
         self._cancel: list[int] = []
+        self._moved: set[int] = set()  # queues fed by a removed replica's queue this step
         if fleet is not None:
             if len(fleet.state) != n:
                 raise ValueError(f"fleet has {len(fleet.state)} slots for {n} policies")
@@ -200,8 +201,12 @@ class ServingCore:
             touched = early | touched
         if fleet is not None and dispatch and fleet.empty() and self.queued() > 0:
             self._control(now_s, now_s)  # an arrival to an empty fleet (the activator's poke)
+        if self._moved:  # a removed replica's queue went to others: they may start it now
+            touched = touched | self._moved
+            self._moved = set()
         started: list[Batch] = []
         if dispatch:
+            dropped = dispatcher.n_dropped
             running, max_running = dispatcher.running, dispatcher.max_running
             if len(freed) == 1 and not touched and self._min_wake_s > now_s:
                 self._consult(freed[0], now_s, started)  # the common case: one finish, nothing new
@@ -220,6 +225,15 @@ class ServingCore:
                     for replica in self.replicas_of[q]:
                         if replica not in consulted and running[replica] < max_running[replica]:
                             consulted.add(replica)
+                            self._consult(replica, now_s, started)
+            # a policy that dropped requests made room at its replica: the router's wait
+            # moves now (else it waits for a batch to end, or forever where none runs)
+            while dispatcher.n_dropped != dropped and self.admission.n_held:
+                dropped = dispatcher.n_dropped
+                got = self.admission.release(now_s)
+                for q in sorted(got):
+                    for replica in self.replicas_of[q]:
+                        if running[replica] < max_running[replica]:
                             self._consult(replica, now_s, started)
         if self.table.sink is not None:  # a summary-only run: fold what is full
             self.table.sink.maybe_flush()
@@ -307,6 +321,7 @@ class ServingCore:
                 table.replica[rid] = q
                 self.queues[q].push(rid)
                 self.queue_series.record(now_s, q, self.queues[q].length)
+                self._moved.add(q)
 
     def _stop_if_drained(self, replica: int, now_s: float) -> None:
         fleet = self.fleet

@@ -88,6 +88,7 @@ class Dispatcher:
         self.running = [0] * self.n_replicas
         self.max_running = [p.max_concurrent_batches for p in self.policies]
         self.free_replicas = self.n_replicas  # replicas with running < max (kept exact)
+        self.n_dropped = 0  # requests policies dropped from queues (room at their replica)
         self.running_batches: list[dict[int, Batch]] = [{} for _ in range(self.n_replicas)]
         self.idle_since_s = [0.0] * self.n_replicas
         self.batches = BatchTable()
@@ -178,6 +179,7 @@ class Dispatcher:
             end_request(self.table, self.source, rid, DROPPED, now_s,
                         reason or "dropped_by_policy")
             queue.forget(rid)
+        self.n_dropped += len(drops)
         self.queue_series.record(now_s, queue.index, queue.length)
 
     def _dispatch(self, replica: int, policy: Policy, queue: RequestQueue,

@@ -88,7 +88,9 @@ def test_max_len_bounds_the_wait_at_the_router_and_timeouts_reach_it() -> None:
     for t_s in req.loc[req["status"] == "rejected", "arrival_s"].to_numpy()[:50]:
         waiting = ((accepted["arrival_s"] < t_s) & (accepted["joined_s"] > t_s)).sum()
         assert waiting == 10
-    timed = sim.run(_scenario(queue={"max_ongoing_requests": 6, "timeout_ms": 50},
+    # a bound of 4, the batch size: a full replica may hold only a running batch, so a
+    # request at the router can wait past its timeout
+    timed = sim.run(_scenario(queue={"max_ongoing_requests": 4, "timeout_ms": 50},
                               workload={"kind": "poisson", "rate_rps": 600,
                                         "n_requests": 1500}))
     out = timed.requests
@@ -97,6 +99,15 @@ def test_max_len_bounds_the_wait_at_the_router_and_timeouts_reach_it() -> None:
     # some timed out while they waited at the router (never joined a replica)
     assert (gone["replica"] == -1).sum() > 0
     assert timed.summary["ok"] + len(gone) == 1500
+    # a bound of 6 leaves at least 2 queued behind a batch of 4 at each full replica; they
+    # arrived before any request at the router and time out first, each letting the
+    # router's oldest in: none times out at the router (it did while an expiry at a
+    # replica did not release the router's wait)
+    six = sim.run(_scenario(queue={"max_ongoing_requests": 6, "timeout_ms": 50},
+                            workload={"kind": "poisson", "rate_rps": 600,
+                                      "n_requests": 1500})).requests
+    gone = six[six["status"] == "timed_out"]
+    assert len(gone) > 0 and (gone["replica"] >= 0).all()
 
 
 def test_a_batcher_times_a_held_request_from_when_it_joined(tmp_path: Path) -> None:
