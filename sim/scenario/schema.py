@@ -477,6 +477,11 @@ class Scenario(_Strict):
             raise ValueError("queue.max_ongoing_requests bounds each replica's own queue: set "
                              "routing to one of round_robin, random, jsq, p2c, least_work "
                              "(p2c is Ray Serve's router), not 'shared'")
+        if self.workload.kind == "closed" and self.queue.max_len is not None and \
+                getattr(self.workload, "think_ms", 0.0) == 0:
+            raise ValueError("workload.think_ms: 0 with queue.max_len would have a rejected "
+                             "client resend at the same instant for ever; give think_ms > 0 "
+                             "or leave queue.max_len out")
         if getattr(self.service, "overheads", None) is not None and \
                 self.workload.kind == "closed":
             raise ValueError("service.overheads: not available for workload.kind 'closed' "

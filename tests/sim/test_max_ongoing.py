@@ -185,3 +185,16 @@ def test_the_autoscaler_counts_the_path_outside_the_replica(tmp_path: Path) -> N
     assert int(_outside_day(tmp_path, 4.0).replicas["replicas"].max()) == 1
     # the requests are served alike (the count only moves the fleet)
     assert alone.summary["ok"] == counted.summary["ok"] == 500
+
+
+def test_a_closed_loop_without_think_time_refuses_a_queue_bound() -> None:
+    # a rejected client resends at once: with no think time it would be rejected again at
+    # the same instant for ever (a review found it filling 20 GB before the OOM killer)
+    with pytest.raises(ScenarioError, match=r"workload\.think_ms: 0 with queue\.max_len"):
+        validate_scenario(_scenario(
+            workload={"kind": "closed", "clients": 50, "think_ms": 0, "duration_s": 5},
+            queue={"max_len": 2}))
+    ok = sim.run(_scenario(
+        workload={"kind": "closed", "clients": 50, "think_ms": 1, "duration_s": 2},
+        queue={"max_len": 2}))
+    assert ok.summary["rejected"] > 0
