@@ -75,13 +75,6 @@ class _Ready:
 ReplicaLoader = Callable[[int], tuple[ModelRunner, dict[str, float]]]
 
 
-def _release(device: str) -> None:
-    """Free a dropped replica's model (:func:`calibration.cold_start.release`)."""
-    from calibration.cold_start import release
-
-    release(device)
-
-
 def _reason(where: str, exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     return f"{where}: {text}" if where else text
@@ -165,15 +158,14 @@ class _Worker(threading.Thread):
                     self._refuse(_reason("replica could not load its model", exc))
                 return
             with self._lock:
+                self.runner = runner
                 announced = not self.cancelled
                 if announced:
-                    self.runner = runner
                     self.inbox.put(_Ready(self.replica, time.perf_counter() - self.start_s,
                                           phases, self))
+            del runner  # self.runner holds the only reference: release() can collect it
             if not announced:
-                device = str(getattr(runner, "device", "cpu"))
-                del runner  # the last reference: release() can collect it
-                _release(device)
+                self._release_runner()
                 return
         try:
             prepare = getattr(self.runner, "prepare_thread", None)
@@ -189,9 +181,17 @@ class _Worker(threading.Thread):
         except Exception as exc:  # the stream context itself failed
             self._refuse(_reason("replica stream failed", exc))
         if self.cancelled:  # cancelled after it announced ready: nobody else releases it
-            device = str(getattr(self.runner, "device", "cpu"))
-            self.runner = None
-            _release(device)
+            self._release_runner()
+
+    def _release_runner(self) -> None:
+        """Drop this cancelled launch's model and free its device's memory
+        (:func:`calibration.cold_start.release`).
+        """
+        from calibration.cold_start import release
+
+        device = str(getattr(self.runner, "device", "cpu"))
+        self.runner = None  # the last reference: release() can collect it
+        release(device)
 
     def _refuse(self, error: str) -> None:
         """This worker cannot run anything: say so, then fail every batch it is given."""

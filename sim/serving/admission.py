@@ -140,20 +140,15 @@ class Admission:
             if q_room is None:
                 self._hold(rid, arrival_s)
                 return
-            self._join(rid, q_room, arrival_s, touched, held=False)
-            return
-        if self.router is None:
-            q = 0
+            q = q_room
         else:
-            q = self.route(arrival_s, rid)
-            table.replica[rid] = q
-        queue = self.queues[q]
-        if self.max_len is not None and queue.length >= self.max_len:
-            end_request(table, self.source, rid, REJECTED, arrival_s, REASON_QUEUE_FULL)
-            return
-        queue.push(rid)
-        self.queue_series.record(arrival_s, q, queue.length)
-        touched.add(q)
+            q = 0 if self.router is None else self.route(arrival_s, rid)
+            if self.max_len is not None and self.queues[q].length >= self.max_len:
+                if self.router is not None:
+                    table.replica[rid] = q
+                end_request(table, self.source, rid, REJECTED, arrival_s, REASON_QUEUE_FULL)
+                return
+        self.place(rid, q, arrival_s, touched)
         if self.timeout_s is not None:
             self._expiry.append((arrival_s + self.timeout_s, rid))
 
@@ -168,17 +163,17 @@ class Admission:
         if self.timeout_s is not None:
             self._expiry.append((arrival_s + self.timeout_s, rid))
 
-    def _join(self, rid: int, q: int, now_s: float, touched: set[int], held: bool) -> None:
-        """Put a request into replica ``q``'s queue now."""
-        self.table.replica[rid] = q
+    def place(self, rid: int, q: int, now_s: float, touched: set[int]) -> None:
+        """Put a request into queue ``q`` now (with a router, it is replica ``q``'s), adding
+        ``q`` to ``touched``; an arrival, a release from the router's wait, or a removed
+        replica's request routed again (its timeout still runs from its arrival).
+        """
+        if self.router is not None:
+            self.table.replica[rid] = q
         queue = self.queues[q]
         queue.push(rid)
         self.queue_series.record(now_s, q, queue.length)
         touched.add(q)
-        if held:
-            self.table.joined_s[rid] = now_s
-        elif self.timeout_s is not None:
-            self._expiry.append((now_s + self.timeout_s, rid))
 
     def _route_with_room(self, now_s: float, rid: int) -> int | None:
         """The replica the router picks among those holding fewer than ``max_ongoing``
@@ -224,7 +219,8 @@ class Admission:
                 break
             held.popleft()
             self.n_held -= 1
-            self._join(rid, q, now_s, touched, held=True)
+            self.place(rid, q, now_s, touched)
+            self.table.joined_s[rid] = now_s
         return touched
 
     def requeue(self, now_s: float, rid: int) -> int | None:

@@ -207,7 +207,6 @@ class ServingCore:
         started: list[Batch] = []
         if dispatch:
             dropped = dispatcher.n_dropped
-            running, max_running = dispatcher.running, dispatcher.max_running
             if len(freed) == 1 and not touched and self._min_wake_s > now_s:
                 self._consult(freed[0], now_s, started)  # the common case: one finish, nothing new
             else:
@@ -221,20 +220,12 @@ class ServingCore:
                         if due_s <= now_s and replica not in consulted:
                             consulted.add(replica)
                             self._consult(replica, now_s, started)
-                for q in sorted(touched) if len(touched) > 1 else touched:
-                    for replica in self.replicas_of[q]:
-                        if replica not in consulted and running[replica] < max_running[replica]:
-                            consulted.add(replica)
-                            self._consult(replica, now_s, started)
+                self._consult_fed(touched, now_s, started, consulted)
             # a policy that dropped requests made room at its replica: the router's wait
             # moves now (else it waits for a batch to end, or forever where none runs)
             while dispatcher.n_dropped != dropped and self.admission.n_held:
                 dropped = dispatcher.n_dropped
-                got = self.admission.release(now_s)
-                for q in sorted(got):
-                    for replica in self.replicas_of[q]:
-                        if running[replica] < max_running[replica]:
-                            self._consult(replica, now_s, started)
+                self._consult_fed(self.admission.release(now_s), now_s, started)
         if self.table.sink is not None:  # a summary-only run: fold what is full
             self.table.sink.maybe_flush()
         wake_s = self.next_wake_s()
@@ -313,15 +304,10 @@ class ServingCore:
             old = self.queues[replica]
             moved = old.take_all()
             self.queue_series.record(now_s, replica, 0)
-            table = self.table
             for rid in moved:
                 q = self.admission.requeue(now_s, rid)
-                if q is None:  # every replica is full: it waits at the router
-                    continue
-                table.replica[rid] = q
-                self.queues[q].push(rid)
-                self.queue_series.record(now_s, q, self.queues[q].length)
-                self._moved.add(q)
+                if q is not None:  # else every replica is full: it waits at the router
+                    self.admission.place(rid, q, now_s, self._moved)
 
     def _stop_if_drained(self, replica: int, now_s: float) -> None:
         fleet = self.fleet
@@ -338,6 +324,20 @@ class ServingCore:
         per_slot = [q.length for q in self.queues] if len(self.queues) > 1 else \
             [0] * self.n_replicas
         return fleet.candidates(per_slot)
+
+    def _consult_fed(self, queues: set[int] | frozenset[int], now_s: float,
+                     started: list[Batch], consulted: set[int] | None = None) -> None:
+        """Consult the free replicas of ``queues`` (queues that received requests), those
+        not in ``consulted`` (the replicas already asked this step, which it then holds).
+        """
+        running, max_running = self.dispatcher.running, self.dispatcher.max_running
+        for q in sorted(queues) if len(queues) > 1 else queues:
+            for replica in self.replicas_of[q]:
+                if running[replica] < max_running[replica] and (
+                        consulted is None or replica not in consulted):
+                    if consulted is not None:
+                        consulted.add(replica)
+                    self._consult(replica, now_s, started)
 
     def _consult(self, replica: int, now_s: float, started: list[Batch]) -> None:
         dispatcher = self.dispatcher

@@ -330,7 +330,5 @@ class Dispatcher:
 
     def running_requests(self) -> int:
         """Requests in running batches that have not ended yet."""
-        status = self.table.status
-        return sum(1 for rb in self.running_batches for b in rb.values()
-                   for rid in b.request_ids if status[rid] == RUNNING)
+        return sum(self.running_requests_of(r) for r in range(self.n_replicas))
 

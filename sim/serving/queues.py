@@ -103,9 +103,10 @@ class RequestQueue:
         """Earliest arrival among queued requests (a request held at the router: when it
         joined this queue).
         """
-        arrival, joined = self.table.arrival_s, self.table.joined_s
-        if joined:
-            return min((joined.get(r, arrival[r]) for r in self.iter_ids()), default=math.inf)
+        table = self.table
+        if table.joined_s:
+            return min((table.queued_at_s(r) for r in self.iter_ids()), default=math.inf)
+        arrival = table.arrival_s
         return min((arrival[r] for r in self.iter_ids()), default=math.inf)
 
 
@@ -205,11 +206,8 @@ class FifoQueue(RequestQueue):
             return math.inf
         rid = self._ids[head]
         table = self.table
-        if table.joined_s:
-            joined = table.joined_s.get(rid)
-            if joined is not None:
-                return joined
-        return table.arrival_s[rid]  # type: ignore[no-any-return]
+        return table.queued_at_s(rid) if table.joined_s else \
+            table.arrival_s[rid]
 
 
 class PriorityQueue(RequestQueue):
@@ -321,12 +319,7 @@ class QueueViewImpl:
         """Arrival time of a request at this queue (a request held at the router: when it
         joined the queue, which is when a replica's batcher first sees it).
         """
-        table = self._q.table
-        if table.joined_s:
-            joined = table.joined_s.get(request_id)
-            if joined is not None:
-                return joined
-        return float(table.arrival_s[request_id])
+        return self._q.table.queued_at_s(request_id)
 
     def size(self, request_id: int) -> int:
         """Items of a request."""
@@ -339,9 +332,8 @@ class QueueViewImpl:
     def requests(self, k: int | None = None) -> list[Request]:
         """First ``k`` queued requests as objects."""
         t = self._q.table
-        joined = t.joined_s
-        return [Request(id=r, arrival_s=joined.get(r, t.arrival_s[r]) if joined else
-                        t.arrival_s[r], size=t.size[r], priority=t.priority[r],
+        return [Request(id=r, arrival_s=t.queued_at_s(r) if t.joined_s else t.arrival_s[r],
+                        size=t.size[r], priority=t.priority[r],
                         deadline_s=t.deadline_s[r],
                         klass=t.klass[r] if t.klass is not None else "")
                 for r in self._q.ids(k)]

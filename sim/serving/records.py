@@ -138,6 +138,16 @@ class RequestTable:
         self.held_at_router = False  # such a bound is on: the frame gets a joined_s column
         self.n = n
 
+    def queued_at_s(self, request_id: int) -> float:
+        """When a request joined its queue: its arrival, or, held at the router, its release
+        (``joined_s``; what a batcher sees as its arrival).
+        """
+        if self.joined_s:
+            joined = self.joined_s.get(request_id)
+            if joined is not None:
+                return joined
+        return float(self.arrival_s[request_id])
+
     def append(self, arrival_s: float, size: int, priority: int, deadline_s: float,
                client: int) -> int:
         """Add one request (closed loop: tables that start empty) and return its id."""

@@ -282,11 +282,7 @@ class LlmCore:
         self._record_queue(replica, now_s)
         touched: set[int] = set()
         for seq in moved:  # the replicas share one configuration: none refuses it now
-            r = self._route(now_s, seq)
-            self.replica[seq.id] = r
-            self.schedulers[r].add(seq)
-            self._outstanding[r] += 1
-            touched.add(r)
+            self._place(seq, self._route(now_s, seq), touched)
         for r in sorted(touched):
             self._record_queue(r, now_s)
 
@@ -324,11 +320,16 @@ class LlmCore:
                 self.finish_s[i] = seq.arrival_s
                 continue
             self._seqs[i] = seq
-            sched.add(seq)
-            self._outstanding[r] += 1
-            touched.add(r)
+            self._place(seq, r, touched)
         for r in touched:
             self._record_queue(r, now_s)
+
+    def _place(self, seq: Seq, replica: int, touched: set[int]) -> None:
+        """Give a sequence to ``replica``'s scheduler, adding it to ``touched``."""
+        self.replica[seq.id] = replica
+        self.schedulers[replica].add(seq)
+        self._outstanding[replica] += 1
+        touched.add(replica)
 
     def _record_queue(self, replica: int, now_s: float) -> None:
         self.queue_time_s.append(now_s)
