@@ -17,7 +17,7 @@ import numpy as np
 
 from calibration.profile import ProfileError, load_profile
 from sim.errors import UserError
-from sim.scenario.schema import Scenario, ScenarioError, ScheduleAutoscalingCfg
+from sim.scenario.schema import RouterRetryCfg, Scenario, ScenarioError, ScheduleAutoscalingCfg
 from sim.scenario.service import (
     ConstantService,
     GammaService,
@@ -42,6 +42,7 @@ from sim.serving.core import ClientSource, ScheduleSource, ServingCore
 from sim.serving.fleet import ColdStart, Fleet
 from sim.serving.policies import POLICIES
 from sim.serving.records import RequestTable
+from sim.serving.router_tasks import RetryConfig
 from sim.serving.routing import Router, make_router
 from sim.serving.types import Policy
 
@@ -269,7 +270,16 @@ def build_core(scenario: Scenario, streams: Streams,
     return ServingCore(table, source, policies, router=router,
                        discipline=scenario.queue.discipline, max_len=scenario.queue.max_len,
                        timeout_s=timeout_s, estimate_s=estimate_s, fleet=build_fleet(scenario),
-                       max_ongoing=scenario.queue.max_ongoing_requests)
+                       max_ongoing=scenario.queue.max_ongoing_requests,
+                       retry=router_retry(scenario.queue.retry))
+
+
+def router_retry(cfg: RouterRetryCfg | None) -> RetryConfig | None:
+    """The core's retry settings from the scenario's ``queue.retry`` (ms to s)."""
+    if cfg is None:
+        return None
+    return RetryConfig(cfg.initial_backoff_ms / 1e3, cfg.backoff_multiplier,
+                       cfg.max_backoff_ms / 1e3, cfg.tasks_per_replica, cfg.max_tasks)
 
 
 def check_warmup(scenario: Scenario, arrival_s: np.ndarray) -> None:

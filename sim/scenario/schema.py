@@ -296,6 +296,26 @@ PolicyCfg = Annotated[
 ]
 
 
+class RouterRetryCfg(_Strict):
+    """How a router that holds requests retries them: Ray Serve 2.60's routing tasks and
+    their back-off (``RAY_SERVE_ROUTER_RETRY_*``; ``sim.serving.router_tasks``).
+    """
+
+    initial_backoff_ms: float = Field(25.0, gt=0, le=3.6e6)
+    backoff_multiplier: float = Field(2.0, ge=1, le=1e3)
+    max_backoff_ms: float = Field(500.0, gt=0, le=3.6e6)
+    tasks_per_replica: int = Field(2, ge=1, le=10_000)
+    max_tasks: int = Field(50, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> RouterRetryCfg:
+        if self.max_backoff_ms < self.initial_backoff_ms:
+            raise ValueError(f"queue.retry.max_backoff_ms: {self.max_backoff_ms} is below "
+                             f"initial_backoff_ms ({self.initial_backoff_ms}); give a cap at "
+                             "or above the first sleep")
+        return self
+
+
 class QueueCfg(_Strict):
     """Queue discipline and admission."""
 
@@ -306,6 +326,17 @@ class QueueCfg(_Strict):
     # running); an arrival that finds every replica it may go to full waits at the router
     # (FIFO) until one has room (sim.serving.admission); max_len then bounds that wait
     max_ongoing_requests: int | None = Field(None, ge=1, le=MAX_COUNT)
+    # how the router retries what it holds: Ray Serve's routing tasks with back-off
+    # (None: a held request goes on the moment a replica has room)
+    retry: RouterRetryCfg | None = None
+
+    @model_validator(mode="after")
+    def _check_retry(self) -> QueueCfg:
+        if self.retry is not None and self.max_ongoing_requests is None:
+            raise ValueError("queue.retry: the router holds requests only with "
+                             "queue.max_ongoing_requests; set it (Ray Serve's default is 5) "
+                             "or leave queue.retry out")
+        return self
 
 
 class ModelCfg(_Strict):

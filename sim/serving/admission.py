@@ -13,10 +13,15 @@ any waits. Whenever a replica may have room (a batch ended, a replica became rea
 request left its queue: it timed out, or its policy dropped it), :meth:`Admission.release`
 routes the waiting requests in order, each among the replicas with room, until none has; a
 released request's time at its replica's queue is recorded in ``table.joined_s`` (what a
-batcher sees as its arrival). Ray's router retries a held request with back-off (25 ms
-doubling to 0.5 s) and picks two replicas at random before it looks at their room; the
-model releases at once to a replica with room, so it is the limit of a router that retries
-without delay.
+batcher sees as its arrival). That is the limit of a router that retries without delay.
+
+With ``retry`` (:class:`sim.serving.router_tasks.RetryConfig`) the router retries as Ray
+Serve's does instead: routing tasks, two per ready replica, each own one held request (the
+oldest nobody routes) and try to place it (the router picks among all ready replicas; the
+pick must have room); after a second failure in a row a task sleeps, 25 ms doubling to
+0.5 s, and nothing wakes it early; having placed its request, it goes on with the next
+(:mod:`sim.serving.router_tasks`). Requests then reach a replica in clumps, when a task
+wakes to room that built up while it slept, and a replica's batcher sees those clumps.
 
 Invariant: every queue's ``length`` equals its requests with status QUEUED; the rest of the
 QUEUED requests wait at the router (:attr:`Admission.n_held`).
@@ -25,11 +30,13 @@ QUEUED requests wait at the router (:attr:`Admission.n_held`).
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 
 from sim.serving.queues import RequestQueue
 from sim.serving.records import QueueSeries, RequestTable
+from sim.serving.router_tasks import RetryConfig, RoutingTasks
 from sim.serving.routing import ReplicaLoad, Router
 from sim.serving.sources import ScheduleSource, Source, end_request
 from sim.serving.types import QUEUED, REJECTED, TIMED_OUT
@@ -57,6 +64,9 @@ class Admission:
             wait at the router (None: no bound). Needs a router. ``max_len`` then bounds the
             requests waiting at the router (Ray's ``max_queued_requests``).
         running_of: Requests running on a replica (needed with ``max_ongoing``).
+        retry: With ``max_ongoing``: retry held requests as Ray Serve's routing tasks do
+            (None: release them the moment a replica has room).
+        ready: The replicas running now (routing tasks route only to them); None: all.
     """
 
     def __init__(self, table: RequestTable, source: Source, queues: Sequence[RequestQueue],
@@ -65,9 +75,13 @@ class Admission:
                  max_len: int | None = None, timeout_s: float | None = None,
                  candidates: Callable[[], list[int]] | None = None,
                  max_ongoing: int | None = None,
-                 running_of: Callable[[int], int] | None = None) -> None:
+                 running_of: Callable[[int], int] | None = None,
+                 retry: RetryConfig | None = None,
+                 ready: Callable[[], list[int]] | None = None) -> None:
         if max_ongoing is not None and (router is None or running_of is None):
             raise ValueError("max_ongoing needs per-replica queues (a router) and running_of")
+        if retry is not None and max_ongoing is None:
+            raise ValueError("retry needs max_ongoing (the router holds requests only then)")
         self.table = table
         self.source = source
         self.queues = list(queues)
@@ -82,7 +96,15 @@ class Admission:
         table.held_at_router = max_ongoing is not None
         self.running_of = running_of
         self._held: deque[int] = deque()  # waiting at the router, in arrival order
-        self.n_held = 0  # of them, those still QUEUED (an expired one leaves lazily)
+        # (with ``retry``: those no routing task owns yet)
+        self.n_held = 0  # waiting at the router and still QUEUED (an expired one leaves
+        # ``_held`` lazily); with ``retry`` the tasks' own requests included
+        self.tasks = None if retry is None else RoutingTasks(retry)
+        self.ready = ready
+        # with ``retry``: every request waiting at the router, oldest first (the order
+        # replicas found are given out in; left lazily), and those no task routes yet
+        self._pending: deque[int] = deque()
+        self._routable: set[int] = set()
         # open loop, one shared queue, no admission limits: runs of arrivals go in at once
         self._bulk = (router is None and max_len is None and timeout_s is None
                       and max_ongoing is None and isinstance(source, ScheduleSource))
@@ -100,9 +122,18 @@ class Admission:
 
     def _admit_each(self, now_s: float) -> frozenset[int] | set[int]:
         touched: set[int] = set()
-        source, timeout_s = self.source, self.timeout_s
+        source, timeout_s, tasks = self.source, self.timeout_s, self.tasks
         while True:
             arrival_s = source.peek_s()
+            if tasks is not None:  # a routing task due before the next arrival tries first
+                retry_s = tasks.next_due_s()
+                if retry_s <= now_s and retry_s < arrival_s:
+                    if timeout_s is not None and self._expiry:
+                        self._expire_until(retry_s, touched)
+                    due = tasks.pop_due(retry_s)
+                    if due is not None:
+                        self._run_task(due[1], due[0], touched)
+                    continue
             if timeout_s is not None and self._expiry:
                 self._expire_until(min(arrival_s, now_s), touched)
             if arrival_s > now_s:
@@ -135,6 +166,10 @@ class Admission:
 
     def _admit(self, rid: int, arrival_s: float, touched: set[int]) -> None:
         table = self.table
+        if self.tasks is not None:  # held first; a routing task places it if it can
+            self._hold(rid, arrival_s)
+            self._start_tasks(arrival_s, touched)
+            return
         if self.max_ongoing is not None:
             q_room = None if self.n_held else self._route_with_room(arrival_s, rid)
             if q_room is None:
@@ -160,6 +195,9 @@ class Admission:
             return
         self._held.append(rid)
         self.n_held += 1
+        if self.tasks is not None:
+            self._pending.append(rid)
+            self._routable.add(rid)
         if self.timeout_s is not None:
             self._expiry.append((arrival_s + self.timeout_s, rid))
 
@@ -208,6 +246,9 @@ class Admission:
         touched: set[int] = set()
         if not self.n_held:
             return touched
+        if self.tasks is not None:  # sleeping tasks are not woken; a change of the ready
+            self._replicas_changed(now_s, touched)  # replicas starts tasks or wakes waiters
+            return touched
         held, status = self._held, self.table.status
         while held:
             rid = held[0]
@@ -223,13 +264,16 @@ class Admission:
             self.table.joined_s[rid] = now_s
         return touched
 
-    def requeue(self, now_s: float, rid: int) -> int | None:
+    def requeue(self, now_s: float, rid: int, touched: set[int]) -> int | None:
         """Route a request again (its replica left): to a replica with room, or back to the
-        router's wait in arrival order (None). Without ``max_ongoing``: :meth:`route`.
+        router's wait in arrival order (None). Without ``max_ongoing``: :meth:`route`. With
+        ``retry`` it goes back to the wait, and routing tasks started for it place what they
+        can now (into ``touched``).
         """
         if self.max_ongoing is None:
             return self.route(now_s, rid)
-        q = None if self.n_held else self._route_with_room(now_s, rid)
+        q = None if self.n_held or self.tasks is not None else self._route_with_room(now_s,
+                                                                                      rid)
         if q is None:
             self.table.replica[rid] = -1
             arrival = self.table.arrival_s
@@ -239,7 +283,121 @@ class Admission:
                 at -= 1
             held.insert(at, rid)
             self.n_held += 1
+            if self.tasks is not None:
+                pending = self._pending
+                at = len(pending)
+                while at and arrival[pending[at - 1]] > arrival[rid]:
+                    at -= 1
+                pending.insert(at, rid)
+                self._routable.add(rid)
+                self._start_tasks(now_s, touched)
         return q
+
+    # -- routing tasks that retry with back-off (``retry``, Ray Serve's router) ----------------
+    def next_retry_s(self) -> float:
+        """When the next sleeping routing task tries again (inf: none sleeps)."""
+        return math.inf if self.tasks is None else self.tasks.next_due_s()
+
+    def _n_ready(self) -> int:
+        return len(self.queues) if self.ready is None else len(self.ready())
+
+    def _start_tasks(self, now_s: float, touched: set[int]) -> None:
+        """Start routing tasks while fewer run than the held requests and the cap, each
+        trying at once (a request arrived, came back, left, or the replicas changed).
+        """
+        tasks = self.tasks
+        assert tasks is not None
+        cap = tasks.config.n_tasks(self._n_ready())
+        while tasks.count < min(self.n_held, cap) and self._held:
+            self._run_task(tasks.start(), now_s, touched)
+
+    def _replicas_changed(self, now_s: float, touched: set[int]) -> None:
+        """The ready replicas may have changed: tasks that waited for one try now, and more
+        tasks may run.
+        """
+        tasks = self.tasks
+        assert tasks is not None
+        for task in tasks.wake_waiting():
+            if tasks.running(task):  # it may have ended meanwhile
+                self._run_task(task, now_s, touched)
+        self._start_tasks(now_s, touched)
+
+    def _next_unowned(self) -> int | None:
+        """The oldest held request no task routes."""
+        held, routable = self._held, self._routable
+        while held:
+            rid = held.popleft()
+            if rid in routable:
+                routable.discard(rid)
+                return rid
+        return None
+
+    def _oldest_pending(self) -> int:
+        """The oldest request waiting at the router (expired ones leave here)."""
+        pending, status = self._pending, self.table.status
+        while status[pending[0]] != QUEUED:
+            pending.popleft()
+        return pending[0]
+
+    def _run_task(self, task: int, now_s: float, touched: set[int]) -> None:
+        """Routing task ``task`` tries now, and goes on until it sleeps, waits for a
+        replica, or ends (:mod:`sim.serving.router_tasks`): a replica it finds takes the
+        oldest waiting request; its own placed, it takes the next with a fresh back-off.
+        """
+        tasks = self.tasks
+        assert tasks is not None
+        cancelled = False
+        while True:
+            rid = tasks.owned(task)
+            if rid is None:
+                if tasks.count > min(self.n_held, tasks.config.n_tasks(self._n_ready())):
+                    tasks.end(task)
+                    break
+                rid = self._next_unowned()
+                if rid is None:
+                    tasks.end(task)
+                    break
+                tasks.own(task, rid)
+            slots = self.ready() if self.ready is not None else None
+            if slots is not None and not slots:
+                tasks.wait_for_replicas(task)
+                break
+            oldest = self._oldest_pending()
+            q = self._try_place(now_s, oldest, slots)
+            if q is not None:
+                self._pending.popleft()
+                self._routable.discard(oldest)
+                owner = tasks.task_of(oldest)
+                if owner is not None and owner != task:  # its task is cancelled
+                    tasks.end(owner)
+                    cancelled = True
+                self.n_held -= 1
+                self.place(oldest, q, now_s, touched)
+                self.table.joined_s[oldest] = now_s
+                if oldest == rid:
+                    tasks.done(task)
+                    continue
+            step_s = tasks.next_step_s(task)
+            if step_s is not None:
+                tasks.sleep_until(task, now_s + step_s)
+                break
+        if cancelled:  # new tasks take the cancelled ones' places
+            self._start_tasks(now_s, touched)
+
+    def _try_place(self, now_s: float, rid: int, slots: list[int] | None) -> int | None:
+        """One attempt: the router picks among the running replicas; the pick if it has
+        room (else None: the router's pick is its best, so the rest it saw are full too).
+        """
+        assert self.router is not None
+        assert self.running_of is not None
+        assert self.max_ongoing is not None
+        loads = self.loads(now_s, slots)
+        choice = self.router.route(now_s, rid, loads)
+        replica = choice if slots is None else slots[choice]
+        load = loads[choice]
+        if load.queue_len + self.running_of(replica) < self.max_ongoing:
+            return replica
+        return None
 
     def route(self, now_s: float, rid: int) -> int:
         """The replica (queue) the router picks for a request now."""
@@ -262,6 +420,12 @@ class Admission:
             if q < 0:  # waiting at the router (it leaves the wait lazily, see release)
                 end_request(self.table, self.source, rid, TIMED_OUT, at_s, REASON_TIMEOUT)
                 self.n_held -= 1
+                if self.tasks is not None:  # its routing task is cancelled; another starts
+                    self._routable.discard(rid)
+                    task = self.tasks.task_of(rid)
+                    if task is not None:
+                        self.tasks.end(task)
+                    self._start_tasks(at_s, touched)
                 continue
             queue = self.queues[q]
             end_request(self.table, self.source, rid, TIMED_OUT, at_s, REASON_TIMEOUT)

@@ -33,6 +33,7 @@ from sim.serving.fleet import DRAINING, READY, STARTING, Fleet
 from sim.serving.invariants import InvariantError, check_invariants
 from sim.serving.queues import RequestQueue, make_queue
 from sim.serving.records import BatchTable, QueueSeries, RequestTable
+from sim.serving.router_tasks import RetryConfig
 from sim.serving.routing import ReplicaLoad, Router
 from sim.serving.sources import ClientSource, ScheduleSource, Source
 from sim.serving.types import Policy
@@ -97,13 +98,16 @@ class ServingCore:
         max_ongoing: At most this many requests at a replica, queued + running (Ray Serve's
             ``max_ongoing_requests``); the rest wait at the router
             (:mod:`sim.serving.admission`). None: no bound.
+        retry: With ``max_ongoing``, the router retries held requests as Ray Serve's
+            routing tasks do (:mod:`sim.serving.router_tasks`); None: at once.
     """
 
     def __init__(self, table: RequestTable, source: Source, policies: Sequence[Policy], *,
                  router: Router | None = None, discipline: str = "fifo",
                  max_len: int | None = None, timeout_s: float | None = None,
                  estimate_s: Callable[[int], float] = lambda items: 0.0,
-                 fleet: Fleet | None = None, max_ongoing: int | None = None) -> None:
+                 fleet: Fleet | None = None, max_ongoing: int | None = None,
+                 retry: RetryConfig | None = None) -> None:
         self.table = table
         self.source = source
         n = len(policies)
@@ -126,7 +130,9 @@ class ServingCore:
                                    self.dispatcher.loads, max_len=max_len, timeout_s=timeout_s,
                                    candidates=self.route_candidates if fleet else None,
                                    max_ongoing=max_ongoing,
-                                   running_of=self.dispatcher.running_requests_of)
+                                   running_of=self.dispatcher.running_requests_of,
+                                   retry=retry,
+                                   ready=(lambda: fleet.slots(READY)) if fleet else None)
         self.wake_at_s = [math.inf] * n  # a policy's requested wake-up (only while free)
         self._min_wake_s = math.inf  # the earliest of them
         for q in range(n_queues):
@@ -305,7 +311,7 @@ class ServingCore:
             moved = old.take_all()
             self.queue_series.record(now_s, replica, 0)
             for rid in moved:
-                q = self.admission.requeue(now_s, rid)
+                q = self.admission.requeue(now_s, rid, self._moved)
                 if q is not None:  # else every replica is full: it waits at the router
                     self.admission.place(rid, q, now_s, self._moved)
 
@@ -379,6 +385,10 @@ class ServingCore:
             arrival_s = self.source.peek_s()
             if arrival_s < wake_s:
                 wake_s = arrival_s
+        if self.admission.tasks is not None:  # a routing task wakes (it may place work)
+            retry_s = self.admission.next_retry_s()
+            if retry_s < wake_s:
+                wake_s = retry_s
         if fleet is not None:
             if fleet.next_tick_s < wake_s and self._ticking():
                 wake_s = fleet.next_tick_s
