@@ -23,6 +23,13 @@ arrivals already due, stops admitting and then either drains what is queued and 
 (queued requests still expire) or abandons the queue; either way the records stay consistent.
 :meth:`LiveDriver.hurry` (a second signal) ends the run at once.
 
+Autoscaling: a launched replica's worker loads its model (the real cold start); a drained
+replica's worker ends and its model is released. A replica killed at its
+``graceful_shutdown_timeout_s`` while a model call runs (a running call cannot be killed):
+the core has failed the call's requests at the deadline; the driver drops the worker at once
+(the slot may be launched again), ignores the call's result when it returns, and the worker
+then releases its model.
+
 A hung model call: when the loop ends, the workers get at most ``hung_grace_s`` in all to
 return (:data:`executor.lifecycle.HUNG_GRACE_S`; a signal cuts it short); a batch still inside
 the model then stays in flight (its requests censored, or failed if ``batch_timeout_s``
@@ -219,6 +226,8 @@ class _Worker(threading.Thread):
             batch = self.jobs.get()
             if batch is None:
                 return
+            if self.cancelled:  # killed: batches still queued here were abandoned too
+                continue
             error: str | None = None
             runner = self.runner
             assert runner is not None
@@ -408,6 +417,8 @@ class LiveDriver:
             self._workers.pop(replica).cancel()
         for replica in actions.stop:
             self._retire(replica)
+        for replica in actions.kill:  # its model call returns on its own: not waited for
+            self._workers.pop(replica).cancel()
         for replica in actions.launch:  # the worker loads the model, then reports it ready
             worker = self._worker(replica, None)
             self._workers[replica] = worker
@@ -449,6 +460,8 @@ class LiveDriver:
                 if self.stopped_by is None:
                     self.stopped_by = "fatal error"
                 self.stop("abandon")
+            elif self.core.abandoned and self.core.drop_abandoned(item.batch.id):
+                self._timed_out.discard(item.batch.id)  # its replica was killed: ignored
             else:
                 error = item.error
                 if item.batch.id in self._timed_out:

@@ -12,6 +12,10 @@ Three kinds of SimPy event, each a plain ``Timeout`` with a callback (no process
   start) leaves its event pending, and the event, stamped with the launch's generation, is
   ignored when it fires (the slot may be off, or starting again on a later launch).
 
+A batch abandoned when its replica was killed (``graceful_shutdown_timeout_s``) keeps its
+pending *batch done* event; the event is dropped when it fires and does not count toward the
+run's end time.
+
 Everything else — admission, routing, which policy to ask and when — is the core's.
 """
 
@@ -40,6 +44,7 @@ class SimPyDriver:
         self._wake_token = 0
         self._wake_s = math.inf  # the pending wake-up
         self._launch_gen: dict[int, int] = {}  # per slot: its current launch's generation
+        self._end_s = 0.0  # the time of the last event that was not an abandoned batch's
         # a model that times each batch by more than its size and idle time (a replay of a
         # live run's batches, per replica) offers sample_batch_s
         self._by_batch = getattr(service, "sample_batch_s", None)
@@ -53,11 +58,11 @@ class SimPyDriver:
         env = self.env
         if until_s is None:
             env.run()
-            return float(env.now)
+            return self._end_s
         while env.peek() <= until_s:
             env.step()
         if env.peek() == math.inf:
-            return float(env.now)
+            return self._end_s
         # arrivals the core had no reason to wake for (every replica busy) are still due:
         # they arrived before the stop and are in the system (censored), as a live run's
         self.core.admit_until(until_s)
@@ -90,12 +95,15 @@ class SimPyDriver:
     # policy must see ``now_s >= t`` when its wake-up (or an arrival) falls due.
     def _on_done(self, event: simpy.Event) -> None:
         batch, service_s = event.value  # type: ignore[misc]  # (Batch, float), as set
-        now_s = self.env.now
+        if self.core.abandoned and self.core.drop_abandoned(batch.id):
+            return  # its replica was killed: the core failed its requests then
+        now_s = self._end_s = self.env.now
         self._apply(self.core.step(now_s, (_finished(Finished, (batch, now_s, service_s,
                                                                  None)),)))
 
     def _on_ready(self, event: simpy.Event) -> None:
         replica, gen = event.value  # type: ignore[misc]  # (int, int), as set
+        self._end_s = self.env.now
         if gen != self._launch_gen[replica]:
             return  # a cancelled launch
         now_s = self.env.now
@@ -103,6 +111,7 @@ class SimPyDriver:
 
     def _on_wake(self, event: simpy.Event) -> None:
         token, wake_s = event.value  # type: ignore[misc]  # (int, float), as set
+        self._end_s = self.env.now
         if token != self._wake_token:
             return
         self._wake_s = math.inf

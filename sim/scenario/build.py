@@ -208,13 +208,15 @@ def build_fleet(scenario: Scenario | Any) -> Fleet | None:
     if cfg is None:
         return None
     knobs = _knobs(cfg, "control_period_s", "cold_start_s", "graceful_shutdown_wait_loop_s",
-                   "outside_ms")
+                   "graceful_shutdown_timeout_s", "retire", "outside_ms")
     if isinstance(cfg, ScheduleAutoscalingCfg):
         knobs["steps"] = [(float(t), int(n)) for t, n in cfg.steps]
     builder: Callable[..., Autoscaler] = AUTOSCALERS[cfg.kind]
     return Fleet(scenario.fleet_size, builder(**knobs), cfg.control_period_s,
                  stop_poll_s=getattr(cfg, "graceful_shutdown_wait_loop_s", None),
-                 outside_s=getattr(cfg, "outside_ms", 0.0) / 1e3)
+                 outside_s=getattr(cfg, "outside_ms", 0.0) / 1e3,
+                 retire_rule=getattr(cfg, "retire", "least_loaded"),
+                 kill_after_s=getattr(cfg, "graceful_shutdown_timeout_s", None))
 
 
 def build_cold_start(scenario: Scenario, rng: np.random.Generator) -> ColdStart:

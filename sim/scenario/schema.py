@@ -402,6 +402,14 @@ class TargetAutoscalingCfg(_AutoscalingBase):
     # for ongoing requests every this long, and shuts down at the first check that finds
     # none; None: it stops as soon as its work is done
     graceful_shutdown_wait_loop_s: float | None = Field(None, gt=0)
+    # Ray Serve's deployment option: a removed replica not stopped this long after its
+    # removal is killed then; the requests it runs fail (reason ``shutdown``) and are not
+    # retried; None: it is never killed
+    graceful_shutdown_timeout_s: float | None = Field(None, gt=0)
+    # which ready replica a scale-down removes: least_loaded (fewest requests queued, then
+    # the highest slot) or newest (the one that became ready last, then the highest: Ray
+    # Serve's order among the running replicas of one node)
+    retire: Literal["least_loaded", "newest"] = "least_loaded"
     # Ray Serve counts a request as ongoing from its proxy's router until the proxy has the
     # answer: the path outside the replica too. Each request also counts this long after its
     # batch ends (0: only queued + running, the replica's own count)

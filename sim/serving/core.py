@@ -70,8 +70,12 @@ class CoreActions(NamedTuple):
         launch: Replicas to start (autoscaling): load the model, then report them ready.
         stop: Replicas that have finished their work after being removed: free the model.
         cancel: Launches to drop (a scale-down while they start): never report them ready,
-            free what they loaded. A driver applies ``cancel``, then ``stop``, then
-            ``launch``: a slot in two of them was ended before it was launched again.
+            free what they loaded. A driver applies ``cancel``, then ``stop`` and ``kill``,
+            then ``launch``: a slot in two of them was ended before it was launched again.
+        kill: Draining replicas killed at their kill timeout (``graceful_shutdown_timeout_s``)
+            while batches ran on them: the core has failed those batches' requests and
+            ignores their finishes (:meth:`ServingCore.drop_abandoned`); free the replica
+            without waiting for the calls. A killed replica that ran nothing is in ``stop``.
     """
 
     start: list[Batch]
@@ -79,6 +83,7 @@ class CoreActions(NamedTuple):
     launch: tuple[int, ...] = ()
     stop: tuple[int, ...] = ()
     cancel: tuple[int, ...] = ()
+    kill: tuple[int, ...] = ()
 
 
 class ServingCore:
@@ -141,6 +146,8 @@ class ServingCore:
         self._answered: deque[tuple[float, int]] = deque()  # (batch end, requests): outside_s
         self._stop: list[int] = []
         self._cancel: list[int] = []
+        self._kill: list[int] = []
+        self.abandoned: set[int] = set()  # batches of killed replicas whose end is ignored
         self._moved: set[int] = set()  # queues fed by a removed replica's queue this step
         if fleet is not None:
             if len(fleet.state) != n:
@@ -173,6 +180,14 @@ class ServingCore:
             for done in finished if len(finished) == 1 else sorted(finished,
                                                                   key=_FINISH_S):
                 batch, finish_s = done[0], done[1]
+                if self.abandoned and self.drop_abandoned(batch.id):
+                    continue  # its replica was killed: its requests failed then
+                if fleet is not None and fleet.kill_after_s is not None and \
+                        fleet.next_poll_s() <= finish_s:  # a kill may come before this end
+                    self._stop_polls(finish_s)
+                    if batch.id in self.abandoned:
+                        self.abandoned.discard(batch.id)
+                        continue
                 got = admit(finish_s)
                 admitted_s = finish_s
                 if got:
@@ -194,8 +209,8 @@ class ServingCore:
                 freed.append(replica)
                 if self.admission.n_held:
                     early = early | self.admission.release(ready_s)
-            if fleet.next_poll_s() <= now_s:  # draining replicas' stop polls
-                self._stop += fleet.poll(now_s, dispatcher.running)
+            if fleet.next_poll_s() <= now_s:  # draining replicas' stop polls (and kills)
+                self._stop_polls(now_s)
             if dispatch:
                 while fleet.next_tick_s <= now_s and self._ticking():
                     tick_s = fleet.next_tick_s
@@ -236,12 +251,14 @@ class ServingCore:
             self.table.sink.maybe_flush()
         wake_s = self.next_wake_s()
         if fleet is None:
-            return _new_actions(CoreActions, (started, wake_s, (), (), ()))
+            return _new_actions(CoreActions, (started, wake_s, (), (), (), ()))
         launch, stop, cancel = tuple(self._launch), tuple(self._stop), tuple(self._cancel)
+        kill = tuple(self._kill)
         self._launch.clear()
         self._stop.clear()
         self._cancel.clear()
-        return CoreActions(started, wake_s, launch, stop, cancel)
+        self._kill.clear()
+        return CoreActions(started, wake_s, launch, stop, cancel, kill)
 
     # -- autoscaling -------------------------------------------------------------------------
     def _ticking(self) -> bool:
@@ -314,6 +331,40 @@ class ServingCore:
                 q = self.admission.requeue(now_s, rid, self._moved)
                 if q is not None:  # else every replica is full: it waits at the router
                     self.admission.place(rid, q, now_s, self._moved)
+
+    def _stop_polls(self, now_s: float) -> None:
+        """Run the draining replicas' stop polls due by ``now_s``, then their kills."""
+        fleet = self.fleet
+        assert fleet is not None
+        self._stop += fleet.poll(now_s, self.dispatcher.running)
+        for replica, kill_s in fleet.kills_due(now_s):
+            self._kill_replica(replica, kill_s)
+
+    def _kill_replica(self, replica: int, kill_s: float) -> None:
+        """A draining replica reached its kill timeout: it goes off at ``kill_s`` and the
+        batches it runs are abandoned, their requests failed then with reason ``shutdown``
+        (Ray Serve's controller kills the actor; the requests it held end with the actor's
+        death error at their callers; they are not retried). Its queue went back to the
+        router at its removal, so it holds nothing else.
+        """
+        fleet, dispatcher = self.fleet, self.dispatcher
+        assert fleet is not None
+        running = list(dispatcher.running_batches[replica].values())
+        for batch in running:
+            dispatcher.finish(batch, kill_s, kill_s - batch.start_s, "shutdown",
+                              abandoned=True)
+            self.abandoned.add(batch.id)
+        fleet.kill(replica, kill_s)
+        (self._kill if running else self._stop).append(replica)
+
+    def drop_abandoned(self, batch_id: int) -> bool:
+        """Whether batch ``batch_id`` was abandoned when its replica was killed (its end,
+        when the driver sees it, changes nothing); forgets it.
+        """
+        if batch_id in self.abandoned:
+            self.abandoned.discard(batch_id)
+            return True
+        return False
 
     def _stop_if_drained(self, replica: int, now_s: float) -> None:
         fleet = self.fleet

@@ -260,10 +260,12 @@ class Dispatcher:
 
     # -- completion --------------------------------------------------------------------------
     def finish(self, batch: Batch, now_s: float, service_s: float,
-               error: str | None = None) -> None:
+               error: str | None = None, *, abandoned: bool = False) -> None:
         """Record a finished batch (``error``: it failed, with this reason) and free its slot.
 
         Requests already failed while it ran (see :meth:`fail_running`) keep their outcome.
+        ``abandoned``: the batch did not end; its replica was killed at ``now_s`` (the
+        policy is not told of a service time, which this is not).
         """
         table = self.table
         status, finish = table.status, table.finish_s
@@ -309,7 +311,8 @@ class Dispatcher:
         if left == 0:
             self.idle_since_s[replica] = now_s
         del self.running_batches[replica][batch.id]
-        self.policies[replica].on_batch_done(now_s, n, service_s)
+        if not abandoned:
+            self.policies[replica].on_batch_done(now_s, n, service_s)
 
     def fail_running(self, batch: Batch, time_s: float, reason: str) -> None:
         """Fail a running batch's requests now (e.g. a batch timeout) and mark the batch

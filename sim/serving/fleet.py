@@ -4,7 +4,9 @@ A slot is ``off``, ``starting`` (launched, in its cold start), ``ready`` (servin
 ``draining`` (removed: takes no new work, finishes what runs, then goes ``off``; with a
 stop poll period it goes ``off`` only at the first poll that finds it idle, each poll a period
 after the last, the first a period after its removal, as Ray Serve's replica checks every
-``graceful_shutdown_wait_loop_s``, sleeping first, before it shuts down). The fleet
+``graceful_shutdown_wait_loop_s``, sleeping first, before it shuts down; with a kill
+timeout a draining slot still not stopped that long after its removal is killed then, as Ray
+Serve's controller force-kills a replica past ``graceful_shutdown_timeout_s``). The fleet
 has no clock: the core tells it the time. A scale-down cancels starting slots before it
 retires ready ones, as Ray Serve 2.60 stops replicas that are not running yet first
 (:meth:`Fleet.plan`); a cancelled slot goes ``off`` at once (it never served). It records
@@ -23,6 +25,7 @@ import pandas as pd
 from sim.serving.autoscaling import Autoscaler, FleetView
 
 OFF, STARTING, READY, DRAINING = "off", "starting", "ready", "draining"
+RETIRE_RULES = ("least_loaded", "newest")  # Fleet(retire_rule=...): which ready slot goes
 
 
 @dataclass
@@ -32,7 +35,8 @@ class FleetLog:
     Attributes:
         events: ``(time_s, replica, event)`` with event in deploy (resident from the start) |
             launch | ready | cancel (a starting slot removed before it was ready: off at
-            once) | retire | stop.
+            once) | retire | stop | kill (a draining slot ended at its kill timeout: off
+            at once, what it ran abandoned).
         times_s, ready, starting, draining: The counts after each change (a step series).
         controls: Per consultation of the autoscaler, ``(time_s, seen_s, ongoing, replicas,
             desired)``: the time it decided for (a control tick, or an arrival to an empty
@@ -74,10 +78,21 @@ class Fleet:
             ``stop_poll_s`` apart from its removal (None: as soon as its work is done).
         outside_s: The autoscaler counts each request as ongoing also this long after its
             batch ends (the path outside the replica that Ray Serve's count holds).
+        retire_rule: Which ready slots a scale-down retires: ``least_loaded`` (fewest
+            requests queued, then the highest) or ``newest`` (the one that became ready
+            last, then the highest: Ray Serve's order on one node).
+        kill_after_s: A draining slot not stopped this long after its removal is killed
+            then (Ray Serve's ``graceful_shutdown_timeout_s``); None: never.
     """
 
     def __init__(self, n_slots: int, autoscaler: Autoscaler, control_period_s: float,
-                 stop_poll_s: float | None = None, outside_s: float = 0.0) -> None:
+                 stop_poll_s: float | None = None, outside_s: float = 0.0,
+                 retire_rule: str = "least_loaded", kill_after_s: float | None = None) -> None:
+        if retire_rule not in RETIRE_RULES:
+            raise ValueError(f"retire_rule: {retire_rule!r} is not one of {RETIRE_RULES}")
+        self.retire_rule = retire_rule
+        self.kill_after_s = kill_after_s
+        self.kill_at_s = [math.inf] * n_slots  # a draining slot's kill deadline
         self.autoscaler = autoscaler
         self.outside_s = outside_s  # a request counts as ongoing this long after its batch
         self.control_period_s = control_period_s
@@ -134,15 +149,19 @@ class Fleet:
 
         Launches take off slots holding queued requests first (requests routed while the
         fleet was empty), then the lowest. A scale-down takes starting slots first, the most
-        recently launched (then the highest) first, then ready slots, the least loaded and
-        then the highest first. Ray Serve 2.60 does the same in kind:
+        recently launched (then the highest) first, then ready slots: with the
+        ``least_loaded`` rule the least loaded and then the highest first; with ``newest``
+        the one that became ready last (its current incarnation), then the highest (the
+        resident slots all became ready at 0). Ray Serve 2.60 does the same in kind:
         ``DeploymentScheduler._get_replicas_to_stop`` puts the replicas that are not running
         (pending allocation, launching, recovering) ahead of the running ones; among those
         it takes whatever order a set gives, so the newest-first rule here is servelab's
         (the one Ray applies to its running replicas on a node), a deterministic choice
         that cancels the launch furthest from ready when cold starts are alike. Among ready
-        slots Ray takes the newest on the emptiest node; servelab, with no nodes, keeps its
-        least-loaded rule (fewest requests to finish while draining).
+        slots Ray takes the newest on the emptiest node (``_running_replicas`` keeps the
+        order they became running; it walks it reversed): servelab has no nodes, so
+        ``newest`` is Ray's rule on one node; ``least_loaded`` (the default) has the
+        fewest requests to finish while draining.
 
         A cancelled slot holds requests only when no slot was ready (:meth:`candidates`
         sends arrivals to starting slots then). Ray never gives a request to a replica that
@@ -163,7 +182,10 @@ class Fleet:
             excess = have - want
             starting = sorted(self.slots(STARTING),
                               key=lambda r: (-self.launched_at_s[r], -r))[:excess]
-            ready = sorted(self.slots(READY), key=lambda r: (queued_per_slot[r], -r))
+            if self.retire_rule == "newest":
+                ready = sorted(self.slots(READY), key=lambda r: (-self.ready_at_s[r], -r))
+            else:
+                ready = sorted(self.slots(READY), key=lambda r: (queued_per_slot[r], -r))
             return [], starting, ready[:excess - len(starting)]
         return [], [], []
 
@@ -208,23 +230,43 @@ class Fleet:
         self._move(replica, now_s, READY, "ready")
 
     def retire(self, replica: int, now_s: float) -> None:
-        """A ready slot stops taking work (its first stop poll a period later)."""
+        """A ready slot stops taking work (its first stop poll a period later, its kill
+        deadline ``kill_after_s`` later).
+        """
         if self.stop_poll_s is not None:
             self.poll_at_s[replica] = now_s + self.stop_poll_s
+        if self.kill_after_s is not None:
+            self.kill_at_s[replica] = now_s + self.kill_after_s
         self._move(replica, now_s, DRAINING, "retire")
 
     def stop(self, replica: int, now_s: float) -> None:
         """A draining slot has finished its work and frees its resources."""
         self.poll_at_s[replica] = math.inf
+        self.kill_at_s[replica] = math.inf
         self._move(replica, now_s, OFF, "stop")
 
+    def kill(self, replica: int, now_s: float) -> None:
+        """A draining slot reached its kill deadline: it goes off now; the driver abandons
+        what it was running.
+        """
+        if self.state[replica] != DRAINING:
+            raise ValueError(f"replica {replica} is {self.state[replica]}, not draining")
+        self.poll_at_s[replica] = math.inf
+        self.kill_at_s[replica] = math.inf
+        self._move(replica, now_s, OFF, "kill")
+
     def next_poll_s(self) -> float:
-        """The earliest stop poll of a draining slot (inf: none)."""
-        return min(self.poll_at_s) if self.stop_poll_s is not None else math.inf
+        """The earliest stop poll or kill deadline of a draining slot (inf: none)."""
+        poll_s = min(self.poll_at_s) if self.stop_poll_s is not None else math.inf
+        if self.kill_after_s is not None:
+            return min(poll_s, min(self.kill_at_s))
+        return poll_s
 
     def poll(self, now_s: float, busy: list[int]) -> list[int]:
         """Run the stop polls due by ``now_s``, in time order: a draining slot with no work
         (``busy[r] == 0``) stops at its poll's time, one with work polls again a period later.
+        Polls after a slot's kill deadline are not run: :meth:`kills_due`, called next,
+        kills it at the deadline (a poll at the deadline itself stops an idle slot first).
 
         Returns:
             The slots stopped.
@@ -233,17 +275,31 @@ class Fleet:
         if period is None:
             return []
         stopped = []
+        kill_at_s = self.kill_at_s
         for r in sorted(range(len(self.state)), key=lambda k: self.poll_at_s[k]):
             at_s = self.poll_at_s[r]
             if at_s > now_s:
                 break
+            if at_s > kill_at_s[r]:
+                continue
             if busy[r] == 0:
                 self.stop(r, at_s)
                 stopped.append(r)
             else:
-                while self.poll_at_s[r] <= now_s:
+                while self.poll_at_s[r] <= now_s and self.poll_at_s[r] <= kill_at_s[r]:
                     self.poll_at_s[r] += period
         return stopped
+
+    def kills_due(self, now_s: float) -> list[tuple[int, float]]:
+        """The draining slots whose kill deadline is due by ``now_s`` and comes before their
+        next stop poll (call :meth:`poll` first), with the deadline, in time order. The
+        caller abandons their work and calls :meth:`kill`.
+        """
+        if self.kill_after_s is None:
+            return []
+        due = [(at_s, r) for r, at_s in enumerate(self.kill_at_s)
+               if at_s <= now_s and at_s < self.poll_at_s[r]]
+        return [(r, at_s) for at_s, r in sorted(due)]
 
     def _record(self, now_s: float) -> None:
         log = self.log

@@ -83,6 +83,25 @@ def test_engines_run_steps_only_while_ready_or_draining_and_lose_nothing() -> No
     assert 1 < s["replicas"]["mean"] < 4
 
 
+def test_retire_newest_takes_the_engine_that_became_ready_last() -> None:
+    # the fleet is shared: the LLM autoscaler retires by the same rule (Ray's newest-first)
+    result = run(scenario(autoscaling={
+        "kind": "target", "min_replicas": 1, "max_replicas": 4, "retire": "newest",
+        "target_ongoing_requests": 6, "upscale_delay_s": 1, "downscale_delay_s": 5,
+        "look_back_period_s": 2, "cold_start_s": 5}))
+    ready_at_s: dict[int, float] = {}
+    retired = 0
+    for time_s, replica, event in result.fleet_events[["time_s", "replica",
+                                                       "event"]].itertuples(index=False):
+        if event == "ready":
+            ready_at_s[replica] = time_s
+        elif event == "retire":
+            assert replica == max(ready_at_s, key=lambda r: (ready_at_s[r], r))
+            del ready_at_s[replica]
+            retired += 1
+    assert retired >= 1 and (result.requests["status"] == "ok").all()
+
+
 @pytest.mark.parametrize(("change", "text"), [
     ({"autoscaling": {"kind": "target", "max_replicas": 2}},
      "autoscaling.cold_start_s: an LLM engine's cold start"),
@@ -95,6 +114,9 @@ def test_engines_run_steps_only_while_ready_or_draining_and_lose_nothing() -> No
      "autoscaling.graceful_shutdown_wait_loop_s: not modelled for LLM engines"),
     ({"autoscaling": {"kind": "target", "max_replicas": 2, "cold_start_s": 1,
                       "outside_ms": 5}}, "autoscaling.outside_ms: not modelled for LLM engines"),
+    ({"autoscaling": {"kind": "target", "max_replicas": 2, "cold_start_s": 1,
+                      "graceful_shutdown_timeout_s": 20}},
+     "autoscaling.graceful_shutdown_timeout_s: not modelled for LLM engines"),
 ])
 def test_bad_llm_autoscaling_is_one_line(change: dict[str, Any], text: str) -> None:
     with pytest.raises(Exception) as info:
