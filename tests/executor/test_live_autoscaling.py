@@ -354,3 +354,59 @@ def test_a_live_scale_down_cancels_loading_replicas_and_frees_what_they_load(
     gc.collect()
     assert released.count("cpu") == 2, released
     assert loaded[1]() is None and loaded[2]() is None
+
+
+def test_a_live_replica_past_its_graceful_shutdown_timeout_is_killed_without_waiting(
+        tmp_path, monkeypatch) -> None:
+    # three resident replicas, one request each at once (1 s on replicas 0 and 1, 3 s on
+    # 2); 3 ongoing with a target of 2: the 0.1 s tick retires replica 2 while it runs; with
+    # a 0.3 s graceful_shutdown_timeout_s it is killed at 0.4 s (its request fails, cause
+    # shutdown); 2 ongoing then: the 0.5 s tick retires replica 1, killed at 0.8 s
+    import threading
+
+    import calibration.cold_start
+
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"t": [0.0, 0.01, 0.02]}).to_csv(path, index=False)
+    cfg = scenario(tmp_path)
+    cfg["workload"]["path"] = str(path)
+    cfg["routing"] = "jsq"
+    cfg["autoscaling"] = {"kind": "target", "min_replicas": 1, "max_replicas": 3,
+                          "initial_replicas": 3, "target_ongoing_requests": 2,
+                          "upscale_delay_s": 100, "downscale_delay_s": 0,
+                          "look_back_period_s": 0.1, "control_period_s": 0.1,
+                          "cold_start_s": COLD_S, "graceful_shutdown_timeout_s": 0.3}
+    released: list[str] = []
+    monkeypatch.setattr(calibration.cold_start, "release", released.append)
+    runners = [SleepRunner(lambda n: 1.0), SleepRunner(lambda n: 1.0),
+               SleepRunner(lambda n: 3.0)]
+    drivers: list[Any] = []
+    measured = live(cfg, runners=runners, loader=sleeping_loader, on_driver=drivers.append)
+    req, ev, batches = measured.requests, measured.fleet_events, measured.batches
+    retires, kills = ev[ev["event"] == "retire"], ev[ev["event"] == "kill"]
+    assert retires["replica"].tolist() == kills["replica"].tolist() == [2, 1]
+    # the kill is stamped at the deadline (a control tick's time plus the timeout), not when
+    # the loop noticed it or when the call returned
+    assert np.allclose(kills["time_s"].to_numpy(), retires["time_s"].to_numpy() + 0.3,
+                       rtol=0, atol=1e-9)
+    for r, kill_s in zip(kills["replica"], kills["time_s"], strict=True):
+        mine = req[req["replica"] == r]
+        assert mine["status"].tolist() == ["failed"] and mine["reason"].tolist() == ["shutdown"]
+        assert float(mine["finish_s"].iloc[0]) == pytest.approx(kill_s, abs=1e-9)
+        b = batches[batches["replica"] == r]
+        assert bool(b["failed"].iloc[0]) and float(b["finish_s"].iloc[0]) == pytest.approx(
+            kill_s, abs=1e-9)
+    assert req.loc[req["replica"] == 0, "status"].tolist() == ["ok"]
+    assert drivers[0].unfinished_batches == []
+    # the killed calls ran on (a running call cannot be killed)
+    for thread in threading.enumerate():
+        if thread.name in ("replica-1", "replica-2"):
+            thread.join(30.0)  # a hang guard: the 3 s call ends on its own
+    # it lasted its 3 s (a sleep never ends early), beginning no earlier than its dispatch:
+    # a driver that waited for it would have ended at or after start + 3 s
+    assert runners[2].took_s[0] >= 3.0
+    start_2 = float(batches.loc[batches["replica"] == 2, "start_s"].iloc[0])
+    assert measured.meta["end_s"] < start_2 + runners[2].took_s[0]
+    # each killed worker let its model go once its call returned (its own thread), and its
+    # late result changed none of the records above
+    assert released.count("cpu") == 2, released
