@@ -125,12 +125,15 @@ class AutoscaleDay:
         return path
 
     def scenario(self, trace: Path, cold_start_s: float, profile: Path | None = None,
-                 drain: bool = True, outside_ms: float = 0.0) -> dict[str, Any]:
+                 drain: bool = True, outside_ms: float = 0.0, retry: bool = False
+                 ) -> dict[str, Any]:
         """The servelab scenario for the day: the same batcher, p2c routing, ``target``;
         the service is the nominal sleep, or ``profile`` (calibrated through the endpoint);
         ``drain``: a removed replica lingers as Ray's does (``graceful_shutdown_wait_loop_s``),
         else it stops when its work is done; ``outside_ms``: the path outside the replica,
-        which Ray's ongoing count holds (``autoscaling.outside_ms``).
+        which Ray's ongoing count holds (``autoscaling.outside_ms``); ``retry``: the router
+        retries held requests as Ray's routing tasks do (``queue.retry``, Ray's defaults),
+        else it sends them on the moment a replica has room.
         """
         service = (profile_service(load_profile(profile), str(profile)) if profile is not None
                    else {"kind": "linear", "base_ms": self.base_ms,
@@ -141,7 +144,8 @@ class AutoscaleDay:
                 # max_ongoing_requests, past which the router holds a request
                 "policy": {"kind": "dynamic", "max_batch_size": self.max_batch_size,
                            "max_wait_ms": self.batch_wait_ms, "timer": "arrival"},
-                "queue": {"max_ongoing_requests": self.max_ongoing_requests},
+                "queue": {"max_ongoing_requests": self.max_ongoing_requests,
+                          **({"retry": {}} if retry else {})},
                 "routing": "p2c", "warmup_s": 0, "payload": PAYLOAD,
                 "autoscaling": {
                     "kind": "target", "min_replicas": self.min_replicas,
@@ -156,6 +160,9 @@ class AutoscaleDay:
                     "cold_start_s": cold_start_s,
                     "graceful_shutdown_wait_loop_s":
                         self.graceful_shutdown_wait_loop_s if drain else None,
+                    # Ray's scale-down order on one node and its kill of a stopping replica
+                    # (graceful_shutdown_timeout_s, 20 s by default)
+                    "retire": "newest", "graceful_shutdown_timeout_s": 20.0,
                     "outside_ms": outside_ms}}
 
 
@@ -179,10 +186,30 @@ def read_replica_log(path: Path, t0_unix: float) -> pd.DataFrame:
 # deployment_state.py), with the total ongoing requests the policy decided on (the same
 # aggregate, kept from that decision) and the running replicas; the time is the log's asctime
 # (local time, whole milliseconds)
+LOG_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
 DECISION_LINE = re.compile(
     r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*?(Up|Down)scaling "
     r"Deployment\(name='Model', app='servelab'\) from (\d+) to (\d+) replicas\. "
     r"Current ongoing requests: ([0-9.]+), current running replicas: (\d+)\.")
+
+
+def router_warnings(ray_tmp: Path, t0_unix: float, length_s: float) -> dict[str, int]:
+    """What Ray's logs say its router met in ``[t0_unix, t0_unix + length_s]``: requests a
+    replica rejected at ``max_ongoing_requests`` (its router's cache said it had room) and
+    queue-length probes past their deadline (the router then treats the replica as full).
+    """
+    counts = {"rejected": 0, "probe_timeouts": 0}
+    what = {"rejected": ("replica_*.log", "rejecting request"),
+            "probe_timeouts": ("proxy_*.log", "Failed to get queue length")}
+    for key, (pattern, text) in what.items():
+        for path in sorted(ray_tmp.glob(f"session_*/logs/serve/{pattern}")):
+            for line in path.read_text(errors="replace").splitlines():
+                m = LOG_TIME.match(line.split(" ", 1)[-1]) if text in line else None
+                if m is None:
+                    continue
+                t = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1e3
+                counts[key] += int(0.0 <= t - t0_unix <= length_s)
+    return counts
 
 
 def read_decisions(ray_tmp: Path, t0_unix: float) -> pd.DataFrame:
@@ -286,7 +313,8 @@ def run_days(env: ServerEnv, day: AutoscaleDay, out_dir: Path, runs: int = 1
             assert app.tmp is not None  # (set while the application runs)
             rows.append(_compare(today, trace, measured, read_replica_log(log_path, t0_unix),
                                  read_decisions(app.tmp, t0_unix), overhead_ms, run_dir,
-                                 profile))
+                                 profile, router_warnings(app.tmp, t0_unix,
+                                                          today.length_s + 5.0)))
     return rows
 
 
@@ -315,15 +343,15 @@ def _calibrate(url: str, day: AutoscaleDay, path: Path) -> Path:
 
 
 def _predict(day: AutoscaleDay, trace: Path, cold_s: float, profile: Path | None,
-             overhead_ms: float, out: Path, drain: bool = True, outside: bool = True
-             ) -> tuple[dict[str, Any], pd.DataFrame]:
+             overhead_ms: float, out: Path, drain: bool = True, outside: bool = True,
+             retry: bool = False) -> tuple[dict[str, Any], pd.DataFrame]:
     # Ray's ongoing count holds the path outside the replica: the overhead measured from
     # single requests (nominal) or the calibration's request overhead (``outside`` False:
     # the autoscaler counts only what the replicas hold, the ablation)
     outside_ms = overhead_ms if profile is None else float((load_profile(profile).meta[
         "endpoint"].get("request_overhead") or {}).get("request_ms", 0.0))
     outside_ms = outside_ms if outside else 0.0
-    predicted = sim.run(day.scenario(trace, cold_s, profile, drain, outside_ms))
+    predicted = sim.run(day.scenario(trace, cold_s, profile, drain, outside_ms, retry))
     predicted.write(out)
     series = predicted.replicas
     assert series is not None  # an autoscaled run keeps its replica counts
@@ -338,8 +366,8 @@ def _predict(day: AutoscaleDay, trace: Path, cold_s: float, profile: Path | None
 
 
 def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
-             decisions: pd.DataFrame, overhead_ms: float, run_dir: Path, profile: Path
-             ) -> dict[str, Any]:
+             decisions: pd.DataFrame, overhead_ms: float, run_dir: Path, profile: Path,
+             router: dict[str, int] | None = None) -> dict[str, Any]:
     live_dir = Path(measured.write(run_dir / "live"))
     log = log[(log["time_s"] >= -1.0) & (log["time_s"] <= day.length_s + 1.0)]
     log.to_csv(live_dir / "ray_replicas.csv", index=False)
@@ -357,6 +385,10 @@ def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
                              run_dir / "sim-no-outside", outside=False)
     cal_no_outside, _ = _predict(day, trace, cold_s, profile, overhead_ms,
                                  run_dir / "sim-calibrated-no-outside", outside=False)
+    with_retry, _ = _predict(day, trace, cold_s, None, overhead_ms, run_dir / "sim-retry",
+                             retry=True)
+    cal_retry, _ = _predict(day, trace, cold_s, profile, overhead_ms,
+                            run_dir / "sim-calibrated-retry", retry=True)
     live_steps = step_metrics(log["time_s"].to_numpy(float), log["held"].to_numpy(float),
                               0.0, day.length_s)
     ok = measured.requests[measured.requests["status"] == "ok"]
@@ -376,10 +408,12 @@ def _compare(day: AutoscaleDay, trace: Path, measured: Any, log: pd.DataFrame,
             "predicted_calibrated_no_drain": no_drain,
             "predicted_no_outside": no_outside,
             "predicted_calibrated_no_outside": cal_no_outside,
+            "predicted_retry": with_retry, "predicted_calibrated_retry": cal_retry,
             "timeline": {"live": log[["time_s", "held", "running"]].round(3).values.tolist(),
                          "predicted": series[["time_s", "replicas"]].round(3).values.tolist(),
                          "predicted_calibrated":
                              cal_series[["time_s", "replicas"]].round(3).values.tolist()},
+            "ray_router": router or {},
             "run_dir": str(live_dir)}
 
 
