@@ -356,8 +356,9 @@ class LiveDriver:
                     core.fleet is not None and core.fleet.count(STARTING) > 0)
                 queued = core.queued()
                 if not busy and core.source.peek_s() == math.inf and (
-                        queued == 0 or core.next_policy_wake_s() == math.inf):
-                    break
+                        queued == 0 or (core.next_policy_wake_s() == math.inf
+                                        and core.admission.next_retry_s() == math.inf)):
+                    break  # (a routing task due may still place a held request)
                 if abandoning and (now >= deadline or not busy):
                     break  # running batches still end and are recorded; the queue stays
                 if now >= deadline:
