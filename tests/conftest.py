@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,17 @@ def scenario(**overrides: Any) -> dict[str, Any]:
     }
     base.update(overrides)
     return base
+
+
+@dataclass
+class Want:
+    """An autoscaler that wants whatever the test sets (for fleet tests)."""
+
+    n: int
+    initial_replicas: int = 1
+
+    def desired(self, view: Any) -> int:
+        return self.n
 
 
 @pytest.fixture

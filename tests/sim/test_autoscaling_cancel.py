@@ -6,7 +6,6 @@ replica-seconds only until the cancel, and the requests routed to it go back to 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +14,8 @@ import pandas as pd
 import pytest
 
 import sim
-from sim.serving.autoscaling import FleetView
 from sim.serving.fleet import OFF, READY, STARTING, Fleet, replica_seconds
-from tests.conftest import scenario
-
-
-@dataclass
-class Want:
-    """An autoscaler that wants whatever the test sets."""
-
-    n: int
-    initial_replicas: int = 1
-
-    def desired(self, view: FleetView) -> int:
-        return self.n
+from tests.conftest import Want, scenario
 
 
 def test_the_fleet_cancels_the_newest_starting_slots_before_it_retires_a_ready_one() -> None:

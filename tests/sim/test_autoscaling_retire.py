@@ -7,7 +7,6 @@ requests it held end with the actor's death error at their callers, not retried)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +18,7 @@ import sim
 from calibration.profile import LatencyProfile
 from sim.serving.autoscaling import FleetView
 from sim.serving.fleet import DRAINING, OFF, Fleet
-from tests.conftest import scenario
-
-
-@dataclass
-class Want:
-    """An autoscaler that wants whatever the test sets."""
-
-    n: int
-    initial_replicas: int = 1
-
-    def desired(self, view: FleetView) -> int:
-        return self.n
+from tests.conftest import Want, scenario
 
 
 # -- retire: least_loaded | newest ----------------------------------------------------------
