@@ -114,15 +114,15 @@ def preflight(url: str, api: str, model: str, finish: bool = False) -> None:
             if finish:
                 _read_to_end(resp, url)
     except urllib.error.HTTPError as exc:
-        detail = " ".join(exc.read().decode(errors="replace").split())[:160]
+        detail = " ".join(exc.read(160).decode(errors="replace").split())[:160]
         if exc.code == 404:
             raise EndpointError(f"POST {url}: 404 Not Found — is --endpoint the server's base "
                                 "URL (http://HOST:PORT) and --api "
                                 f"({', '.join(APIS)}) the one it serves? {detail}") from None
         raise EndpointError(f"POST {url}: HTTP {exc.code} for a 1-token test request "
                             f"(model {model!r}): {detail}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise EndpointError(f"cannot reach {url}: {server_info._reason(exc)}") from None
+    except server_info.HTTP_ERRORS as exc:
+        raise EndpointError(server_info.unreachable(url, exc)) from None
 
 
 def _read_to_end(resp: http.client.HTTPResponse, url: str) -> None:
@@ -132,7 +132,7 @@ def _read_to_end(resp: http.client.HTTPResponse, url: str) -> None:
         EndpointError: the stream broke before its end.
     """
     try:
-        resp.read()
+        server_info.read_capped(resp, f"POST {url}")
     except (OSError, http.client.HTTPException) as exc:
         raise EndpointError(f"POST {url}: the 1-token test request's stream broke: "
                             f"{server_info._reason(exc)}") from None
@@ -240,6 +240,66 @@ def bench_summary(requests: pd.DataFrame, token_s: np.ndarray, offset: np.ndarra
     return summary
 
 
+# What a bench holds per request and per token (measured on this client: a Job, an Outcome
+# and their table rows ~2 KiB; a planned output token's time slot and its chunk time ~48 B; a
+# prompt token's id in the job's list and in the encoded body ~16 B)
+BENCH_BYTES_PER_REQUEST = 2048.0
+BENCH_BYTES_PER_OUTPUT_TOKEN = 48.0
+BENCH_BYTES_PER_PROMPT_TOKEN = 16.0
+
+
+def check_model_name(model: str | None) -> None:
+    """``--model``: None (the server's first) or a name.
+
+    Raises:
+        EndpointError: an empty or blank name (a server would answer 404, or some stand-in
+            its default model, and the run would measure that).
+    """
+    if model is not None and not model.strip():
+        raise EndpointError(f"--model {model!r}: give the served model's name, or leave "
+                            "--model out (the first the server lists, or payload.model)")
+
+
+def check_request_timeout(request_timeout_s: float | None) -> None:
+    """``--request-timeout-s``: None (no limit) or a number > 0.
+
+    Raises:
+        EndpointError: 0, negative or nan (every request would fail, or none time out).
+    """
+    if request_timeout_s is not None and not request_timeout_s > 0:
+        raise EndpointError(f"--request-timeout-s {request_timeout_s:g}: must be > 0")
+
+
+def check_bench_memory(scn: Any, prompt: np.ndarray | None = None,
+                       output: np.ndarray | None = None) -> None:
+    """Refuse a bench whose plan alone would take more than the commands' memory budget
+    (:data:`sim.experiments.preflight.BUDGET`, 4 GiB): before the schedule is drawn, by the
+    simulator's estimate of the scenario (``n_requests: 1e9`` is refused before 7 GiB of
+    arrival times are); with the drawn ``prompt`` and ``output`` token counts, by this
+    client's own costs. The time is not checked: a bench lasts its schedule's real span.
+
+    Raises:
+        EndpointError: over the budget; the line names the field that drives the cost.
+    """
+    from sim.experiments.preflight import BUDGET, _bytes, estimate_run
+
+    if prompt is None or output is None:
+        est = estimate_run(scn)
+        memory, driver, detail = est.memory_bytes, est.driver, est.detail
+    else:
+        n, p_tok, o_tok = len(prompt), float(np.sum(prompt)), float(np.sum(output))
+        parts = {"workload.n_requests": n * BENCH_BYTES_PER_REQUEST,
+                 "workload.prompt_tokens": p_tok * BENCH_BYTES_PER_PROMPT_TOKEN,
+                 "workload.output_tokens": o_tok * BENCH_BYTES_PER_OUTPUT_TOKEN}
+        memory = sum(parts.values())
+        driver = max(parts, key=lambda k: parts[k])
+        detail = f"{n} requests, {p_tok:.3g} prompt and {o_tok:.3g} output tokens"
+    if memory > BUDGET.memory_bytes:
+        raise EndpointError(f"{driver}: this bench would hold about {_bytes(memory)} in "
+                            f"memory ({detail}), beyond the budget of "
+                            f"{_bytes(BUDGET.memory_bytes)}; lower {driver}")
+
+
 def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
           model: str | None = None, overrides: list[str] | dict[str, Any] | None = None,
           max_concurrency: int | None = None, drain_timeout_s: float | None = None,
@@ -283,12 +343,15 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
     if max_concurrency is not None and max_concurrency < 1:
         raise EndpointError(f"--max-concurrency {max_concurrency}: must be >= 1")
     lo, hi = token_ids
-    if not 0 <= lo < hi:
-        raise EndpointError(f"--token-ids {lo}:{hi}: need 0 <= LO < HI")
+    if not 0 <= lo < hi <= 2**31:  # ids are drawn as int64; vocabularies are far smaller
+        raise EndpointError(f"--token-ids {lo}:{hi}: need 0 <= LO < HI <= {2**31}")
+    check_model_name(model)
     scn = load_llm_scenario(scenario, overrides)
     drain = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
-    if drain <= 0:
+    if not drain > 0:  # nan too: a deadline of nan never ends the drain
         raise EndpointError(f"--drain-timeout-s {drain:g}: must be > 0")
+    check_request_timeout(request_timeout_s)
+    check_bench_memory(scn)
     base = server_info.base_url(endpoint)
     listed = server_info.models(base)
     names = [str(m.get("id")) for m in (listed or {}).get("data", []) if isinstance(m, dict)]
@@ -301,6 +364,7 @@ def bench(scenario: Any, endpoint: str, *, api: str = "openai-completions",
     chat = chat_prompts.measure(url, model) if api == "openai-chat" else None
     before = server_info.metrics(base)  # after the set-up requests: the run's own counts
     schedule, prompt, output = llm_schedule(scn)
+    check_bench_memory(scn, prompt, output)
     salt = secrets.randbits(31) if prompt_salt is None else int(prompt_salt)
     jobs = make_jobs(schedule.arrival_s, prompt, output, api, scn.seed, (lo, hi), chat,
                      trace_prompts(scn, schedule.rows, prompt, (lo, hi), content_seed), salt)

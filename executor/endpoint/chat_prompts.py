@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from executor.endpoint.server_info import EndpointError
+from executor.endpoint.server_info import HTTP_ERRORS, EndpointError, read_capped
 
 CANDIDATES = tuple(string.ascii_lowercase + string.digits)
 # Enough units for prompts unique per request: two random prompts of k units share their
@@ -72,8 +72,8 @@ def _prompt_tokens(url: str, model: str, content: str) -> int:
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
-            answer: Any = json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+            answer: Any = json.loads(read_capped(resp, f"POST {url}"))
+    except (*HTTP_ERRORS, ValueError, RecursionError) as exc:
         raise EndpointError(f"POST {url}: measuring the chat template's tokens failed: "
                             f"{' '.join(str(exc).split())[:160]}") from None
     usage = answer.get("usage") if isinstance(answer, dict) else None

@@ -141,7 +141,7 @@ def _line(line: bytes, now: float, out: Outcome, chat: bool, state: list[int]) -
         return True
     try:
         chunk = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
         raise StreamError("malformed_sse", f"chunk is not JSON: {data[:60]!r}") from None
     if not isinstance(chunk, dict):
         raise StreamError("malformed_sse", f"chunk is not an object: {data[:60]!r}")

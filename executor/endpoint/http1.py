@@ -26,6 +26,11 @@ from urllib.parse import urlsplit
 
 HEAD, LENGTH, CHUNKED, TRAILER, UNTIL_CLOSE, DONE = range(6)
 MAX_HEAD_BYTES = 65536
+# the most of one answer that is kept: a streamed LLM answer takes ~300 bytes a token (usage
+# on every chunk), so 64 MiB is ~200k tokens, a request-level answer a few KiB to MiB; a
+# server that sends more (an endless body, a Content-Length of gigabytes) has the request
+# failed and its connection closed instead of filling the client's memory
+MAX_ANSWER_BYTES = 64 * 2**20
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -79,6 +84,9 @@ class Reply:
             key = name.strip().lower()
             if key == b"content-length":
                 length = int(value.strip())
+                if length > MAX_ANSWER_BYTES:
+                    raise CutError(f"the answer's Content-Length {length} is over "
+                                   f"{MAX_ANSWER_BYTES // 2**20} MiB; not read")
             elif key == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
             elif key == b"connection":
@@ -103,6 +111,9 @@ class Reply:
             CutError: the bytes are not an HTTP answer.
         """
         self.received += len(data)
+        if self.received > MAX_ANSWER_BYTES:
+            raise CutError(f"the answer is longer than {MAX_ANSWER_BYTES // 2**20} MiB; "
+                           "stopped reading it")
         if self._mode == HEAD:
             buf = self._buf + data
             end = buf.find(b"\r\n\r\n")

@@ -28,10 +28,17 @@ import pandas as pd
 
 from calibration.model_runners import load_corpus
 from executor.endpoint import server_info
-from executor.endpoint.bench import LAG_FLAG_MS, _run
+from executor.endpoint.bench import (
+    LAG_FLAG_MS,
+    _run,
+    check_bench_memory,
+    check_model_name,
+    check_request_timeout,
+)
 from executor.endpoint.client import Job, OpenLoop, Outcome
 from executor.endpoint.request_client import (
     REQUEST_APIS,
+    check_bodies,
     check_kserve_answer,
     json_body,
     kserve_body,
@@ -69,11 +76,11 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, bytes]:
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
-            return int(resp.status), bytes(resp.read())
+            return int(resp.status), server_info.read_capped(resp, f"POST {url}")
     except urllib.error.HTTPError as exc:
-        return int(exc.code), bytes(exc.read())
-    except (urllib.error.URLError, OSError) as exc:
-        raise EndpointError(f"cannot reach {url}: {server_info._reason(exc)}") from None
+        return int(exc.code), bytes(exc.read(160))  # the error's first words are shown
+    except server_info.HTTP_ERRORS as exc:
+        raise EndpointError(server_info.unreachable(url, exc)) from None
 
 
 def preflight(base: str, api: str, model: str | None, body: dict[str, Any]
@@ -95,7 +102,7 @@ def preflight(base: str, api: str, model: str | None, body: dict[str, Any]
         if status == 200:
             try:
                 metadata = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested deeper than Python's stack
                 metadata = None
     url = base + (request_path(api, PayloadCfg(), model) if api == "kserve-v2" else "")
     status, raw = _post(url if api == "kserve-v2" else base + str(body.pop("__path")), body)
@@ -108,7 +115,7 @@ def preflight(base: str, api: str, model: str | None, body: dict[str, Any]
         raise EndpointError(f"POST {url}: HTTP {status} for a 1-item test request: {detail}")
     try:
         answer = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise EndpointError(f"POST {url}: the answer to a 1-item test request is not JSON: "
                             f"{raw[:60]!r}") from None
     problem = check_kserve_answer(answer, 1) if api == "kserve-v2" else ""
@@ -188,8 +195,11 @@ def bench_requests(scenario: Scenario | dict[str, Any] | str | Path, endpoint: s
         raise EndpointError("workload.kind: 'closed' — bench replays an open-loop schedule; "
                             "use poisson, constant, gamma, mmpp, sinusoid or trace")
     drain = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
-    if drain <= 0:
+    if not drain > 0:  # nan too: a deadline of nan never ends the drain
         raise EndpointError(f"--drain-timeout-s {drain:g}: must be > 0")
+    check_request_timeout(request_timeout_s)
+    check_model_name(model)
+    check_bench_memory(scn)
     payload = scn.payload or PayloadCfg()
     name = resolve_model(api, scn, model)
     base = server_info.base_url(endpoint)
@@ -200,10 +210,14 @@ def bench_requests(scenario: Scenario | dict[str, Any] | str | Path, endpoint: s
             return kserve_body(payload, job, rng, corpus)
         return json_body(payload, job, rng, corpus)
 
-    probe = make(Job(-1, 0.0, "", 1, 0), np.random.default_rng(0))
-    metadata = preflight(base, api, name, {**probe, "__path": payload.path})
     schedule = arrival_schedule(scn)
     sizes = np.asarray(schedule.size, dtype=np.int64)
+    by_size = dict(zip(*(v.tolist() for v in np.unique(sizes, return_counts=True)),
+                       strict=True))
+    check_bodies(api, payload, {**by_size, 1: by_size.get(1, 0) + 1},  # + the preflight's
+                 f"{len(sizes)} requests (workload.n_requests, workload.size)")
+    probe = make(Job(-1, 0.0, "", 1, 0), np.random.default_rng(0))
+    metadata = preflight(base, api, name, {**probe, "__path": payload.path})
     priority = np.asarray(schedule.priority, dtype=np.int8)
     jobs = [Job(i, float(t), "", int(s), 0) for i, (t, s) in enumerate(
         zip(schedule.arrival_s, sizes, strict=True))]

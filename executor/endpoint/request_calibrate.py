@@ -38,6 +38,7 @@ from executor.endpoint.probes import ProbingStopped, Stopper, run_probe
 from executor.endpoint.request_bench import preflight
 from executor.endpoint.request_client import (
     REQUEST_APIS,
+    check_bodies,
     json_body,
     kserve_body,
     request_path,
@@ -155,7 +156,7 @@ def calibrate_endpoint(endpoint: str, *, api: str, sizes: Sequence[int], reps: i
         raise EndpointError(f"--batch-sizes {list(sizes)}: need sizes >= 1")
     if reps < 2:
         raise EndpointError(f"--reps {reps}: need at least 2 bursts per size")
-    if window_ms is not None and window_ms < 0:
+    if window_ms is not None and not (math.isfinite(window_ms) and window_ms >= 0):
         raise EndpointError(f"--window-ms {window_ms:g}: must be >= 0")
     if server_max_batch is not None and server_max_batch < max(sizes):
         raise EndpointError(f"--server-max-batch-size {server_max_batch}: below the burst "
@@ -166,12 +167,16 @@ def calibrate_endpoint(endpoint: str, *, api: str, sizes: Sequence[int], reps: i
         raise EndpointError("--api kserve-v2 needs the model's name: pass --model NAME")
     payload = payload.model_copy(update={"model": name})
     base = server_info.base_url(endpoint)
+    order = sorted({int(n) for n in sizes})
+    # the timed bursts' bodies are built at once (one item each; the warm-up's and the
+    # overhead pairs' are fewer, and built after them)
+    check_bodies(api, payload, {1: reps * sum(order) + 1},
+                 f"--reps {reps} bursts of each of --batch-sizes {order}")
     corpus = load_corpus()
     probe = (kserve_body if api == "kserve-v2" else json_body)(
         payload, Job(-1, 0.0, "", 1, 0), np.random.default_rng(0), corpus)
     metadata = preflight(base, api, name, {**probe, "__path": payload.path})
     url = base + request_path(api, payload, name)
-    order = sorted({int(n) for n in sizes})
     stopper = Stopper()
     with stopper.installed():
         return _measure(url, api, payload, order, reps, seed, timeout_s, window_ms,

@@ -20,6 +20,7 @@ import numpy as np
 
 from executor.endpoint.client import Job, Outcome, exchange
 from executor.endpoint.http1 import Pool, Reply
+from executor.endpoint.server_info import EndpointError
 from sim.scenario.payload import PayloadCfg
 
 REQUEST_APIS = ("kserve-v2", "http-json")
@@ -47,6 +48,60 @@ def _tensor_data(datatype: str, count: int, rng: np.random.Generator,
     if kind.kind == "f":
         return rng.standard_normal(count).astype(kind).tolist()  # type: ignore[no-any-return]
     return rng.integers(0, 100, size=count).astype(kind).tolist()  # type: ignore[no-any-return]
+
+
+# Every request's body is built and encoded before the run (no JSON work on the send path),
+# so their sum is held in memory at once: above this the run is refused before a body is
+# built (a shape of [1e9], or millions of requests of a large tensor, would take gigabytes)
+MAX_BODIES_BYTES = 512 * 2**20
+# bytes of JSON per value, measured on this module's data: a float32's repr ~21 (float16
+# ~15, float64 ~22), an integer in 0-99 ~4, a boolean ~6, a corpus sentence ~133 (at most
+# 368) plus its quotes and separator
+_VALUE_BYTES = {"BYTES": 140, "BOOL": 6, "FP16": 22, "FP32": 22, "FP64": 22}
+
+
+def _body_bytes(api: str, payload: PayloadCfg, size: int) -> int:
+    """About how many bytes one request of ``size`` items encodes to (Python ints: a shape
+    of [1e18, 1e9] does not overflow here).
+    """
+    if api == "kserve-v2":
+        total = 64
+        for tensor in payload.inputs:
+            count = 1
+            for d in tensor.shape:
+                count *= size if d == -1 else d
+            total += 64 + len(tensor.name) + count * _VALUE_BYTES.get(tensor.datatype, 5)
+        return total
+
+    def walk(node: Any) -> int:
+        if isinstance(node, dict):
+            return sum(len(json.dumps(k)) + 2 + walk(v) for k, v in node.items()) + 2
+        if isinstance(node, list):
+            return sum(walk(v) + 2 for v in node) + 2
+        if node == "$texts":
+            return size * _VALUE_BYTES["BYTES"]
+        if node == "$text":
+            return _VALUE_BYTES["BYTES"]
+        return len(json.dumps(node))
+
+    return walk(payload.body if payload.body is not None else {"inputs": "$texts"})
+
+
+def check_bodies(api: str, payload: PayloadCfg, counts: Mapping[int, int], what: str) -> None:
+    """Refuse a run whose request bodies (``counts``: requests by size) would take more than
+    :data:`MAX_BODIES_BYTES` of memory.
+
+    Raises:
+        EndpointError: too large; the line names the payload and the requests.
+    """
+    total = sum(_body_bytes(api, payload, int(size)) * int(n) for size, n in counts.items())
+    if total > MAX_BODIES_BYTES:
+        field = ("payload.inputs (shape " + ", ".join(str(t.shape) for t in payload.inputs)
+                 + ")" if api == "kserve-v2" else "payload.body ($texts: one sentence per item)")
+        raise EndpointError(f"{field} x {what}: the request bodies, built before the run, "
+                            f"would take about {total / 2**30:.3g} GiB of memory (at most "
+                            f"{MAX_BODIES_BYTES // 2**20} MiB): send smaller tensors or fewer "
+                            "requests")
 
 
 def kserve_body(payload: PayloadCfg, job: Job, rng: np.random.Generator,
@@ -129,7 +184,7 @@ async def send_request(pool: Pool, request: bytes, job: Job, out: Outcome, t0: f
     raw = reply.body()
     try:
         answer = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
         out.status, out.cause = "failed", "malformed_json"
         out.error = f"the answer is not JSON: {raw[:60]!r}"
         return

@@ -6,16 +6,25 @@ and histogram sums such as ``vllm:time_to_first_token_seconds_sum``).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import re
 import urllib.error
 import urllib.request
 from typing import Any
+from urllib.parse import urlsplit
 
 from sim.errors import UserError
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+# the most of one answer to a look-up or a 1-request test (model list, metadata, /metrics, a
+# preflight) that is read: vLLM's /metrics page is ~100 KiB, the rest a few KiB; a server
+# that sends more (a wrong port, a broken proxy, an endless body) is refused, not buffered
+MAX_INFO_BYTES = 16 * 2**20
+# what a broken server can make urllib raise besides URLError/OSError: a status line that is
+# not HTTP (BadStatusLine), a body cut short (IncompleteRead), a bad chunk size
+HTTP_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
 
 
 class EndpointError(UserError):
@@ -26,13 +35,49 @@ def base_url(endpoint: str) -> str:
     """``http://host:port`` from what a user passes (a trailing ``/`` or ``/v1`` dropped).
 
     Raises:
-        EndpointError: not an http(s) URL.
+        EndpointError: not an http(s) URL (no host, a port outside 1-65535, user
+            credentials, a query or fragment: each request's path is appended to it).
     """
     url = endpoint.strip().rstrip("/")
+    bad = f"--endpoint {endpoint!r}: expected an http(s) URL such as http://127.0.0.1:8000"
     if not re.match(r"^https?://[^/\s]+", url):
-        raise EndpointError(f"--endpoint {endpoint!r}: expected an http(s) URL such as "
-                            "http://127.0.0.1:8000")
+        raise EndpointError(bad)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when not a number in 0-65535
+    except ValueError as exc:
+        raise EndpointError(f"{bad} ({exc})") from None
+    if not parts.hostname or port == 0:
+        raise EndpointError(f"{bad} (a host, and a port in 1-65535)")
+    if parts.username is not None or parts.password is not None:
+        raise EndpointError(f"{bad}: user credentials in the URL are not sent")
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise EndpointError(f"{bad}: no query or fragment (request paths are appended to "
+                            "the base URL)")
     return url[:-3] if url.endswith("/v1") else url
+
+
+def unreachable(url: str, exc: BaseException) -> str:
+    """The one line for a request that got no usable answer: not reached, or (an
+    ``http.client`` error) an answer that is not HTTP or was cut short.
+    """
+    if isinstance(exc, http.client.HTTPException):
+        return f"{url}: not a complete HTTP answer: {_reason(exc)}"
+    return f"cannot reach {url}: {_reason(exc)}"
+
+
+def read_capped(resp: Any, url: str, limit: int = MAX_INFO_BYTES) -> bytes:
+    """At most ``limit`` bytes of a urllib answer's body.
+
+    Raises:
+        EndpointError: the body is longer (never buffered whole: a server can send forever).
+    """
+    data = bytes(resp.read(limit + 1))
+    if len(data) > limit:
+        raise EndpointError(f"{url}: the answer is longer than {limit // 2**20} MiB (a "
+                            "look-up or 1-request test answers a few KiB): is --endpoint "
+                            "the server's base URL?")
+    return data
 
 
 def _reason(exc: BaseException) -> str:
@@ -40,7 +85,10 @@ def _reason(exc: BaseException) -> str:
     text = str(inner if inner is not None else exc)
     if "Connection refused" in text or isinstance(inner, ConnectionRefusedError):
         return "connection refused"
-    return " ".join(text.split())[:160]
+    if isinstance(exc, http.client.HTTPException):  # not HTTP, or cut short: name which
+        text = f"{type(exc).__name__}: {text}"
+    # one line of printable text: a garbage answer's bytes must not reach the terminal
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:160]
 
 
 def get_text(url: str, timeout_s: float = 10.0) -> tuple[int, str]:
@@ -51,23 +99,30 @@ def get_text(url: str, timeout_s: float = 10.0) -> tuple[int, str]:
     """
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return int(resp.status), resp.read().decode(errors="replace")
+            return int(resp.status), read_capped(resp, url).decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return int(exc.code), ""
-    except (urllib.error.URLError, OSError) as exc:
-        raise EndpointError(f"cannot reach {url}: {_reason(exc)}") from None
+    except HTTP_ERRORS as exc:
+        raise EndpointError(unreachable(url, exc)) from None
 
 
 def models(base: str) -> dict[str, Any] | None:
-    """The server's ``/v1/models`` answer (None when it has none)."""
+    """The server's ``/v1/models`` answer (None when it has none); its ``data`` holds only
+    the entries that name a model (an object with a non-empty string ``id``).
+    """
     status, body = get_text(f"{base}/v1/models")
     if status != 200:
         return None
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    listed = data.get("data")
+    data["data"] = [m for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)
+                    and m["id"]] if isinstance(listed, list) else []
+    return data
 
 
 def parse_metrics(text: str) -> dict[str, Any]:

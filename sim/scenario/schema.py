@@ -400,12 +400,14 @@ class TargetAutoscalingCfg(_AutoscalingBase):
     downscale_to_zero_delay_s: float | None = Field(None, ge=0)
     # Ray Serve's deployment option: a removed replica first sleeps this long, then checks
     # for ongoing requests every this long, and shuts down at the first check that finds
-    # none; None: it stops as soon as its work is done
-    graceful_shutdown_wait_loop_s: float | None = Field(None, gt=0)
+    # none; None: it stops as soon as its work is done. At most an hour: the control loop
+    # ticks on while a removed replica waits, so the run's cost grows with the wait (1e6 s
+    # took 15 s, 1e18 s never ended)
+    graceful_shutdown_wait_loop_s: float | None = Field(None, gt=0, le=3600)
     # Ray Serve's deployment option: a removed replica not stopped this long after its
     # removal is killed then; the requests it runs fail (reason ``shutdown``) and are not
-    # retried; None: it is never killed
-    graceful_shutdown_timeout_s: float | None = Field(None, gt=0)
+    # retried; None: it is never killed. At most an hour, as the wait loop
+    graceful_shutdown_timeout_s: float | None = Field(None, gt=0, le=3600)
     # which ready replica a scale-down removes: least_loaded (fewest requests queued, then
     # the highest slot) or newest (the one that became ready last, then the highest: Ray
     # Serve's order among the running replicas of one node)

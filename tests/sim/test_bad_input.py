@@ -236,6 +236,13 @@ CASES = [
     ("profile schema from the future", profile_file(json.dumps({
         "schema_version": 7, "batch_sizes": [1], "samples_s": {"1": [0.001]}})),
      "schema_version"),
+    # the control loop ticks on while a removed replica waits: 1e18 s ran for ever
+    ("graceful shutdown wait of 1e18 s", lambda t: with_(
+        "", workload={"kind": "poisson", "rate_rps": 100, "duration_s": 10},
+        autoscaling={"kind": "target", "min_replicas": 1, "max_replicas": 4,
+                     "cold_start_s": 0.5, "upscale_delay_s": 0, "downscale_delay_s": 0.5,
+                     "look_back_period_s": 0.5, "graceful_shutdown_wait_loop_s": 1e18}),
+     "autoscaling.graceful_shutdown_wait_loop_s"),
 ]
 
 
