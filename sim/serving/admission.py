@@ -295,8 +295,19 @@ class Admission:
 
     # -- routing tasks that retry with back-off (``retry``, Ray Serve's router) ----------------
     def next_retry_s(self) -> float:
-        """When the next sleeping routing task tries again (inf: none sleeps)."""
-        return math.inf if self.tasks is None else self.tasks.next_due_s()
+        """When a routing task next tries (inf: none will): a sleeping task wakes, or the
+        oldest request waiting at the router times out, which ends its task (if it has one)
+        and starts a task that tries at once, so it may place a request then; the core
+        must be called at that time, as at a task's due time.
+        """
+        if self.tasks is None:
+            return math.inf
+        due_s = self.tasks.next_due_s()
+        if self.timeout_s is not None and self.n_held:  # the oldest held expires first
+            expiry_s = float(self.table.arrival_s[self._oldest_pending()]) + self.timeout_s
+            if expiry_s < due_s:
+                return expiry_s
+        return due_s
 
     def _n_ready(self) -> int:
         return len(self.queues) if self.ready is None else len(self.ready())
