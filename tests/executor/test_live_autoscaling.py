@@ -410,3 +410,31 @@ def test_a_live_replica_past_its_graceful_shutdown_timeout_is_killed_without_wai
     # each killed worker let its model go once its call returned (its own thread), and its
     # late result changed none of the records above
     assert released.count("cpu") == 2, released
+
+
+def test_live_retry_with_autoscaling_keeps_the_simulator_s_exact_facts(
+        tmp_path, monkeypatch) -> None:
+    # the burst with queue.retry (Ray's routing tasks), a bound of 2 per replica, retire
+    # newest and a kill timeout: the live driver runs the simulator's core, so the facts
+    # the review fuzz checks on every simulated run hold exactly on the driver's own clock
+    # (tests/sim/test_review_round45.py::_check_run): nothing lost, the bound, FIFO joins
+    # from the router's wait, joins only to ready replicas, kills at their deadline
+    import calibration.cold_start
+    from tests.sim.test_review_round45 import _check_run
+
+    monkeypatch.setattr(calibration.cold_start, "release", lambda device: None)
+    cfg = scenario(tmp_path)
+    cfg["policy"] = {"kind": "dynamic", "max_batch_size": 4, "max_wait_ms": 2,
+                     "timer": "first"}
+    cfg["routing"] = "p2c"
+    cfg["queue"] = {"max_ongoing_requests": 2, "retry": {}}
+    cfg["autoscaling"].update(retire="newest", graceful_shutdown_timeout_s=0.05,
+                              downscale_delay_s=0.2)
+    LOADS.clear()
+    measured = live(cfg, runners=[SleepRunner(linear_s)], loader=sleeping_loader)
+    ev = measured.fleet_events
+    # (whether the scale-down comes before the run ends depends on this machine's timing:
+    # the retire and kill checks apply to what this run did, none when it did not)
+    assert (ev["event"] == "launch").sum() >= 1
+    assert (measured.requests["joined_s"] > measured.requests["arrival_s"]).sum() > 20
+    _check_run(cfg, measured)
