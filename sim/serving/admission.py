@@ -397,7 +397,8 @@ class Admission:
 
     def _try_place(self, now_s: float, rid: int, slots: list[int] | None) -> int | None:
         """One attempt: the router picks among the running replicas; the pick if it has
-        room (else None: the router's pick is its best, so the rest it saw are full too).
+        room, else None (with ``p2c`` the less loaded of two random replicas, as Ray's
+        ``choose_replicas``: both are full then).
         """
         assert self.router is not None
         assert self.running_of is not None
