@@ -44,7 +44,8 @@ class SimPyDriver:
         self._wake_token = 0
         self._wake_s = math.inf  # the pending wake-up
         self._launch_gen: dict[int, int] = {}  # per slot: its current launch's generation
-        self._end_s = 0.0  # the time of the last event that was not an abandoned batch's
+        self._end_s = 0.0  # the last event's time (not an abandoned batch's, a stale wake-up's
+        # or a cancelled launch's ready: events that change nothing)
         # a model that times each batch by more than its size and idle time (a replay of a
         # live run's batches, per replica) offers sample_batch_s
         self._by_batch = getattr(service, "sample_batch_s", None)
@@ -103,16 +104,15 @@ class SimPyDriver:
 
     def _on_ready(self, event: simpy.Event) -> None:
         replica, gen = event.value  # type: ignore[misc]  # (int, int), as set
-        self._end_s = self.env.now
         if gen != self._launch_gen[replica]:
-            return  # a cancelled launch
-        now_s = self.env.now
+            return  # a cancelled launch (nothing happened: not the run's end either)
+        now_s = self._end_s = self.env.now
         self._apply(self.core.step(now_s, ready=((replica, now_s),)))
 
     def _on_wake(self, event: simpy.Event) -> None:
         token, wake_s = event.value  # type: ignore[misc]  # (int, float), as set
-        self._end_s = self.env.now
         if token != self._wake_token:
-            return
+            return  # a wake-up replaced by a later request (not the run's end either)
+        self._end_s = self.env.now
         self._wake_s = math.inf
         self._apply(self.core.step(max(self.env.now, wake_s)))

@@ -352,3 +352,25 @@ def test_tasks_per_replica_and_max_tasks_at_their_extremes(
     req = _rows(sim.run(_one_replica(tmp_path, [0.0, 0.001, 0.002],
                                      queue={"max_ongoing_requests": 1, "retry": retry})))
     np.testing.assert_allclose(req["joined_s"], joined_s, atol=1e-12)
+
+
+def test_the_run_ends_at_its_last_event_not_at_a_stale_wake_up(tmp_path: Path) -> None:
+    # the simpy driver keeps a replaced wake-up's timeout (and a cancelled launch's ready)
+    # in its queue; those change nothing, so the run's end (meta end_s, drain_s, and the
+    # window's end with a drain timeout) is the last event that did something: a batch's
+    # end, a timeout, a fleet event. Before, 54 of 120 of these scenarios ended later,
+    # at a stale wake-up (seed 0: 2.978 s against 2.938 s)
+    for seed in range(20):
+        (tmp_path / str(seed)).mkdir()
+        scn = _random_scenario(seed, tmp_path / str(seed))
+        res = sim.run(scn)
+        req = res.requests
+        last_s = float(req["finish_s"].max())
+        timeout_ms = (scn.get("queue") or {}).get("timeout_ms")
+        expired = req[req["status"].astype(str) == "timed_out"]
+        if timeout_ms is not None and len(expired):
+            last_s = max(last_s, float(expired["arrival_s"].max()) + timeout_ms / 1e3)
+        events = res.fleet_events
+        if events is not None and len(events):
+            last_s = max(last_s, float(events["time_s"].max()))
+        assert res.meta["end_s"] <= last_s + 1e-9, (seed, res.meta["end_s"], last_s)
