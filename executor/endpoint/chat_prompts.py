@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from executor.endpoint.server_info import HTTP_ERRORS, EndpointError, read_capped
+from executor.endpoint.server_info import BAD_JSON, HTTP_ERRORS, EndpointError, read_capped
 
 CANDIDATES = tuple(string.ascii_lowercase + string.digits)
 # Enough units for prompts unique per request: two random prompts of k units share their
@@ -73,7 +73,7 @@ def _prompt_tokens(url: str, model: str, content: str) -> int:
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             answer: Any = json.loads(read_capped(resp, f"POST {url}"))
-    except (*HTTP_ERRORS, ValueError, RecursionError) as exc:
+    except (*HTTP_ERRORS, *BAD_JSON) as exc:
         raise EndpointError(f"POST {url}: measuring the chat template's tokens failed: "
                             f"{' '.join(str(exc).split())[:160]}") from None
     usage = answer.get("usage") if isinstance(answer, dict) else None

@@ -45,7 +45,7 @@ from executor.endpoint.request_client import (
     request_path,
     request_sender,
 )
-from executor.endpoint.server_info import EndpointError
+from executor.endpoint.server_info import BAD_JSON, EndpointError
 from sim.metrics.rundir import Result, run_meta
 from sim.metrics.summary import _stats_ms, summarize
 from sim.metrics.window import default_drain_s, horizon_s, window_for
@@ -102,7 +102,7 @@ def preflight(base: str, api: str, model: str | None, body: dict[str, Any]
         if status == 200:
             try:
                 metadata = json.loads(text)
-            except (ValueError, RecursionError):  # nested deeper than Python's stack
+            except BAD_JSON:
                 metadata = None
     url = base + (request_path(api, PayloadCfg(), model) if api == "kserve-v2" else "")
     status, raw = _post(url if api == "kserve-v2" else base + str(body.pop("__path")), body)
@@ -115,7 +115,7 @@ def preflight(base: str, api: str, model: str | None, body: dict[str, Any]
         raise EndpointError(f"POST {url}: HTTP {status} for a 1-item test request: {detail}")
     try:
         answer = json.loads(raw)
-    except (ValueError, RecursionError):
+    except BAD_JSON:
         raise EndpointError(f"POST {url}: the answer to a 1-item test request is not JSON: "
                             f"{raw[:60]!r}") from None
     problem = check_kserve_answer(answer, 1) if api == "kserve-v2" else ""

@@ -20,7 +20,7 @@ import numpy as np
 
 from executor.endpoint.client import Job, Outcome, exchange
 from executor.endpoint.http1 import Pool, Reply
-from executor.endpoint.server_info import EndpointError
+from executor.endpoint.server_info import BAD_JSON, EndpointError
 from sim.scenario.payload import PayloadCfg
 
 REQUEST_APIS = ("kserve-v2", "http-json")
@@ -184,7 +184,7 @@ async def send_request(pool: Pool, request: bytes, job: Job, out: Outcome, t0: f
     raw = reply.body()
     try:
         answer = json.loads(raw)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
+    except BAD_JSON:
         out.status, out.cause = "failed", "malformed_json"
         out.error = f"the answer is not JSON: {raw[:60]!r}"
         return

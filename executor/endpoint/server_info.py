@@ -25,6 +25,9 @@ MAX_INFO_BYTES = 16 * 2**20
 # what a broken server can make urllib raise besides URLError/OSError: a status line that is
 # not HTTP (BadStatusLine), a body cut short (IncompleteRead), a bad chunk size
 HTTP_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
+# what json.loads raises on a body that is not JSON we can read: malformed, or nested
+# deeper than Python's stack (RecursionError)
+BAD_JSON = (ValueError, RecursionError)
 
 
 class EndpointError(UserError):
@@ -115,7 +118,7 @@ def models(base: str) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(body)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
+    except BAD_JSON:
         return None
     if not isinstance(data, dict):
         return None

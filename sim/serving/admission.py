@@ -276,19 +276,10 @@ class Admission:
                                                                                       rid)
         if q is None:
             self.table.replica[rid] = -1
-            arrival = self.table.arrival_s
-            held = self._held
-            at = len(held)
-            while at and arrival[held[at - 1]] > arrival[rid]:
-                at -= 1
-            held.insert(at, rid)
+            self._insert_by_arrival(self._held, rid)
             self.n_held += 1
             if self.tasks is not None:
-                pending = self._pending
-                at = len(pending)
-                while at and arrival[pending[at - 1]] > arrival[rid]:
-                    at -= 1
-                pending.insert(at, rid)
+                self._insert_by_arrival(self._pending, rid)
                 self._routable.add(rid)
                 self._start_tasks(now_s, touched)
         return q
@@ -410,6 +401,14 @@ class Admission:
         if load.queue_len + self.running_of(replica) < self.max_ongoing:
             return replica
         return None
+
+    def _insert_by_arrival(self, wait: deque[int], rid: int) -> None:
+        """Put ``rid`` back into a wait kept in arrival order (scanned from the back)."""
+        arrival = self.table.arrival_s
+        at = len(wait)
+        while at and arrival[wait[at - 1]] > arrival[rid]:
+            at -= 1
+        wait.insert(at, rid)
 
     def route(self, now_s: float, rid: int) -> int:
         """The replica (queue) the router picks for a request now."""

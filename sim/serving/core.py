@@ -185,8 +185,7 @@ class ServingCore:
                 if fleet is not None and fleet.kill_after_s is not None and \
                         fleet.next_poll_s() <= finish_s:  # a kill may come before this end
                     self._stop_polls(finish_s)
-                    if batch.id in self.abandoned:
-                        self.abandoned.discard(batch.id)
+                    if self.drop_abandoned(batch.id):
                         continue
                 got = admit(finish_s)
                 admitted_s = finish_s
