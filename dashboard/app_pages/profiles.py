@@ -44,7 +44,10 @@ for upload in uploads or []:
                                                  source=upload.name))
         labels.append(upload.name)
     except (ValueError, ProfileError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        st.error(f"{upload.name}: {exc}")
+        # parse_upload's and from_dict's messages start with the file's name already
+        message = str(exc)
+        st.error(message if message.startswith(f"{upload.name}: ")
+                 else f"{upload.name}: {message}")
 
 if not profiles:
     st.info(t("Pick at least one profile."))

@@ -129,6 +129,19 @@ def test_a_deeply_nested_profile_upload_is_refused_cleanly(name: str, content: b
     assert f"{name}: nested more than 100 levels deep" in errors(at)
 
 
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("deep.json", b"[" * 200 + b"]" * 200, "deep.json: nested more than 100 levels deep"),
+    ("old.json", b'{"schema_version": 99, "samples_s": {"1": [0.001]}}',
+     "old.json: schema_version is 99; this servelab reads 1"),
+], ids=["too deep", "old schema"])
+def test_a_bad_profile_upload_names_the_file_once(name: str, content: bytes,
+                                                  message: str) -> None:
+    # the page put the file's name before messages that already start with it (issue 28's
+    # ledger: "deep.json: deep.json: nested more than 100 levels deep")
+    at = upload("profiles", "calibration-upload", name, content)
+    assert errors(at) == message
+
+
 def test_a_deeply_nested_yaml_restore_is_refused_cleanly() -> None:
     at = upload("explore", "restore", "deep.yaml", b"[" * 5_000 + b"]" * 5_000)
     assert "nested more than 100 levels deep" in errors(at)
