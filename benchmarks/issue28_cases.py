@@ -398,9 +398,14 @@ def _alive(pid: int) -> bool:
 
 def _descendants(pid: int) -> set[int]:
     found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # the process ended meanwhile
+        return found
+    for task in tasks:
         with contextlib.suppress(OSError, ValueError):  # the thread ended meanwhile
-            found |= {int(x) for x in (task / "children").read_text().split()}
+            found |= {int(x) for x in Path(f"/proc/{pid}/task/{task}/children").read_text()
+                      .split()}
     for child in list(found):
         found |= _descendants(child)
     return found
