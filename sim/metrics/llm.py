@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from sim.metrics.folds import BatchFold, RequestFold
-from sim.metrics.stability import verdict
+from sim.metrics.stability import unmeasurable, verdict
 from sim.metrics.summary import (
     _stats_ms,
     cost_per_million_usd,
@@ -147,6 +147,9 @@ def summarize_llm(requests: pd.DataFrame, token_s: np.ndarray, token_offset: np.
                                f"{preempted} preemptions"}
     elif stability["verdict"] == "stable":
         stability = {**stability, "reason": "the waiting queue shows no trend"}
+    stability = unmeasurable(stability, arrivals=arrivals, ok=counts["ok"],
+                             completions=completions, in_flight=counts["in_flight"],
+                             window_s=span, ended={c: counts[c] for c in ("rejected", "failed")})
     out: dict[str, Any] = {
         "driver": driver,
         "kind": "llm",

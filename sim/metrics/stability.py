@@ -24,7 +24,7 @@ every batch is as efficient as the policy allows.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,16 +157,27 @@ def verdict(*, offered_rps: float, capacity: float, utilization: float, trend: T
 
 
 def unmeasurable(stability: dict[str, Any], *, arrivals: int, ok: int, completions: int,
-                 in_flight: int, window_s: float) -> dict[str, Any]:
+                 in_flight: int, window_s: float,
+                 ended: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The verdict of a run whose throughput says nothing, whatever the load said.
 
     * nothing finished at all while requests stayed queued (a fixed batch larger than the
       run, a wait that never expires): the run is stuck, not stable with throughput 0;
     * requests finished, but none inside the window (a window shorter than one service
-      time): throughput is not measured, and is not the capacity.
+      time): throughput is not measured, and is not the capacity;
+    * no request was served: every one ended otherwise (``ended``: the count of each such
+      end, e.g. all rejected as too large for the KV cache): nothing is measured, and an
+      error rate of 1 is not a stable service.
     """
     if arrivals == 0 or completions > 0:
         return stability
+    if ok == 0 and in_flight == 0:
+        causes = ", ".join(f"{n} {cause.replace('_', ' ')}"
+                           for cause, n in (ended or {}).items() if n)
+        return {**stability, "verdict": "unstable",
+                "reason": (f"no request was served: all {arrivals} ended unserved"
+                           + (f" ({causes})" if causes else "")
+                           + "; latency and throughput are not measured")}
     if ok == 0 and in_flight > 0:
         return {**stability, "verdict": "unstable",
                 "reason": (f"no request finished: {in_flight} of {arrivals} were still "

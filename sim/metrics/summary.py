@@ -275,7 +275,7 @@ def summary_from_folds(requests: RequestFold, batches: BatchFold, queue: QueueFo
                         utilization=utilization, trend=trend_of(steps),
                         window_s=span, closed_loop=window.closed_loop, bounded=window.bounded)
     stability = unmeasurable(stability, arrivals=arrivals, ok=ok_n, completions=completions,
-                             in_flight=counts_all["in_flight"], window_s=span)
+                             in_flight=counts_all["in_flight"], window_s=span, ended=counts)
     return {
         "driver": driver,
         "requests": arrivals,

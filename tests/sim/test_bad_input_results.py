@@ -153,6 +153,30 @@ def test_an_llm_request_too_big_for_the_kv_cache_costs_no_memory(tmp_path) -> No
     assert len(result.tokens) == 5  # slots only for the request that ran
 
 
+def test_an_llm_run_that_serves_nothing_is_not_called_stable() -> None:
+    # every request is larger than the KV cache and is rejected at admission: the run had
+    # an error rate of 1 and measured nothing, and was called "stable" with no warning
+    # (the waiting queue has no trend when everything leaves at once)
+    from sim.metrics.stability import stability_warning
+
+    data = {"seed": 1,
+            "service": {"kind": "llm_linear", "base_ms": 5, "per_decode_seq_ms": 0.05},
+            "workload": {"kind": "poisson", "rate_rps": 5, "n_requests": 20,
+                         "prompt_tokens": 10, "output_tokens": 10**11},
+            "policy": {"kind": "vllm", "num_gpu_blocks": 64}}
+    result = run_any(data)
+    assert result.summary["ok"] == 0 and result.summary["rejected"] == 20
+    stability = result.summary["stability"]
+    assert stability["verdict"] == "unstable", stability
+    assert "no request was served" in stability["reason"]
+    assert "20 rejected" in stability["reason"]
+    text = stability_warning(result.summary)
+    assert text is not None and "not measured" in text
+    # one request that fits keeps the ordinary verdict: the rule is about a run with none
+    data["workload"] = {**data["workload"], "output_tokens": 5}
+    assert run_any(data).summary["stability"]["verdict"] != "unstable"
+
+
 # -- the pre-flight estimate ----------------------------------------------------------------
 def test_the_estimate_grows_with_the_work_and_names_the_knob() -> None:
     small = estimate_run(load_scenario(GOOD))
