@@ -32,66 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-
-@dataclass(frozen=True)
-class DecoderConfig:
-    """Shape of the decoder (a reduced Llama/Qwen3-like ratio by default).
-
-    Attributes:
-        hidden: Model width.
-        layers: Decoder layers.
-        heads: Query heads.
-        kv_heads: Key/value heads (grouped-query attention: ``heads`` divisible by it).
-        intermediate: MLP width (SwiGLU).
-        vocab: Vocabulary size.
-        max_slots: Sequences the KV cache holds at once.
-        max_len: Tokens per sequence the KV cache holds.
-    """
-
-    hidden: int = 512
-    layers: int = 4
-    heads: int = 8
-    kv_heads: int = 4
-    intermediate: int = 1536
-    vocab: int = 8192
-    max_slots: int = 64
-    max_len: int = 2048
-
-    @property
-    def head_dim(self) -> int:
-        """Width of one attention head."""
-        return self.hidden // self.heads
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """KV cache bytes per token: 2 × layers × kv_heads × head_dim × dtype bytes."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
-
-    def check(self) -> DecoderConfig:
-        """Validate the shape; raise ValueError naming the parameter."""
-        for name, value in asdict(self).items():
-            if int(value) != value or value < 1:
-                raise ValueError(f"--param {name}={value}: must be an integer >= 1")
-        if self.hidden % self.heads:
-            raise ValueError(f"--param hidden={self.hidden}: must be divisible by heads "
-                             f"({self.heads})")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"--param heads={self.heads}: must be divisible by kv_heads "
-                             f"({self.kv_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"--param hidden/heads = {self.head_dim}: the head width must "
-                             "be even (rotary embeddings)")
-        return self
-
-
-SHAPES: dict[str, DecoderConfig] = {
-    # CPU: a reduced Qwen3-0.6B-like ratio (GQA 2:1, MLP 3x hidden)
-    "small": DecoderConfig(),
-    # CUDA, bf16: Llama-3.2-1B-like and Llama-3.1-8B-like
-    "1b": DecoderConfig(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192,
-                        vocab=32000, max_slots=128, max_len=4096),
-    "8b": DecoderConfig(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
-                        vocab=32000, max_slots=64, max_len=4096),
-}
+from calibration.llm_shapes import SHAPES, DecoderConfig
 
 
 class _RMSNorm(nn.Module):

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibration.step_profile import load_step_profile
 from executor.lifecycle import (
@@ -22,7 +22,7 @@ from executor.lifecycle import (
     default_drain_s,
     stop_on_signals,
 )
-from executor.llm_driver import LiveLlmEngine, decoder_for
+from executor.live_budget import check_live_llm, check_llm_plan
 from sim.drivers.llm_simulate import (
     LlmResult,
     build_llm_core,
@@ -37,6 +37,9 @@ from sim.metrics.prefix import cached_tokens, prefix_cache_summary
 from sim.metrics.rundir import run_meta
 from sim.scenario.llm import LlmScenario, load_llm_scenario
 from sim.serving.fleet import READY
+
+if TYPE_CHECKING:  # torch loads with the engine, after the memory checks
+    from executor.llm_driver import LiveLlmEngine
 
 
 def llm_model_spec(scenario: LlmScenario) -> dict[str, Any]:
@@ -116,6 +119,8 @@ def build_decoders(spec: dict[str, Any], replicas: int, slots: int,
         import torch
 
         torch.set_num_threads(int(spec["threads"]))
+    from executor.llm_driver import decoder_for
+
     out = []
     for _ in range(replicas):
         try:
@@ -149,7 +154,7 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
              on_engine: Callable[[LiveLlmEngine], None] | None = None,
              decoder_hook: Callable[[Any], Any] | None = None, max_wall_s: float = 600.0,
              force: bool = True, decoders: list[Any] | None = None,
-             replay: bool = False) -> LlmResult:
+             replay: bool = False, yes: bool = False) -> LlmResult:
     """Run an LLM scenario live and return the same :class:`LlmResult` as ``sim.llm.run``.
 
     Args:
@@ -171,14 +176,17 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
         replay: Run on :class:`executor.llm_driver.ReplayDecoder` stand-ins that sleep the
             step model's own time (what the engine adds, free of device drift; works for
             ``llm_linear`` scenarios too).
+        yes: Run even when the run would hold more memory than the budget
+            (:mod:`executor.live_budget`: the plan and records, and per engine its
+            decoder's weights and KV cache); otherwise it is refused before the plan is
+            drawn (the plan) or before any decoder is built.
 
     Raises:
         LiveError: nothing to run live, or (``force=False``) the simulator predicts an
             unstable or too long run.
     """
-    import torch
-
     scn = load_llm_scenario(scenario, overrides)
+    check_llm_plan(scn, yes=yes)  # before the plan is drawn (build_llm_core)
     spec = {"device": "cpu"} if replay else llm_model_spec(scn)
     core = build_llm_core(scn)
     horizon = horizon_s(scn, core.arrival_s)
@@ -191,9 +199,20 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
         predicted = sim_run(scn, drain_timeout_s=drain)
         check_bounds(predicted.summary["stability"], float(predicted.meta["end_s"]), horizon,
                      max_wall_s=max_wall_s)
+    slots, max_len = decoder_capacity(scn, core)
+    caching = bool(getattr(scn.policy, "enable_prefix_caching", False))
+    if not replay and decoders is None:
+        store_tokens = 0
+        if caching:  # the prefix-caching block store (attach_block_store)
+            block_size = int(scn.policy.block_size)  # type: ignore[union-attr]
+            store_tokens = int(core.limits.num_blocks or 0) * block_size
+        longest = (int(core.prompt_tokens.max(initial=0)),
+                   int(core.output_tokens.max(initial=0)))
+        check_live_llm(scn, spec, slots, max_len, longest, store_tokens, yes=yes)
+    import torch
+
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
-    slots, max_len = decoder_capacity(scn, core)
     resident = resident_engines(scn)
     loader = None
     if replay:
@@ -215,7 +234,6 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
 
         def loader(replica: int) -> Any:  # the real cold start: build, then warm up
             return build_decoders(spec, 1, slots, max_len)[0]
-    caching = bool(getattr(scn.policy, "enable_prefix_caching", False))
     if caching and not replay:  # the KV manager's blocks, one store per engine
         store = (core.limits.num_blocks, int(scn.policy.block_size))  # type: ignore[union-attr]
         for d in decoders:
@@ -236,6 +254,8 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
         for r, decoder in zip(ready, decoders, strict=False):
             by_slot[r] = decoder
         decoders = by_slot
+    from executor.llm_driver import LiveLlmEngine
+
     engine = LiveLlmEngine(core, decoders, drain_until_s=horizon + drain,
                            loader=loader if core.fleet is not None else None)
     if on_engine is not None:

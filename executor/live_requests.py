@@ -27,6 +27,7 @@ from executor.lifecycle import (
     default_drain_s,
     stop_on_signals,
 )
+from executor.live_budget import check_live_requests
 from executor.request_driver import ReplicaLoader
 from sim.metrics.rundir import Result, fleet_tables, run_meta
 from sim.metrics.window import planned_horizon_s, window_for
@@ -66,7 +67,8 @@ def model_spec(scenario: Scenario) -> dict[str, Any]:
     return spec
 
 
-def _replica_device(spec: dict[str, Any], replica: int) -> str:
+def replica_device(spec: dict[str, Any], replica: int) -> str:
+    """The device replica ``replica`` runs on (``model.device``: one, or a list cycled)."""
     devices = spec.get("device", "auto")
     device_list = devices if isinstance(devices, list) and devices else [devices]
     return str(device_list[replica % len(device_list)])
@@ -80,7 +82,7 @@ def default_runners(scenario: Scenario) -> list[ModelRunner]:
     count = scenario.replicas
     if scenario.autoscaling is not None:
         count = build_fleet(scenario).count(READY)  # type: ignore[union-attr]
-    return [build_runner(spec["name"], device=_replica_device(spec, r),
+    return [build_runner(spec["name"], device=replica_device(spec, r),
                          dtype=spec.get("dtype", "fp32"), threads=spec.get("threads"),
                          params=spec.get("params") or {}) for r in range(count)]
 
@@ -92,7 +94,7 @@ def replica_loader(scenario: Scenario) -> ReplicaLoader:
     spec = model_spec(scenario)
 
     def load(replica: int) -> tuple[ModelRunner, dict[str, float]]:
-        return load_replica(spec["name"], device=_replica_device(spec, replica),
+        return load_replica(spec["name"], device=replica_device(spec, replica),
                             dtype=spec.get("dtype", "fp32"), threads=spec.get("threads"),
                             params=spec.get("params") or {}, seed=replica)
 
@@ -153,7 +155,7 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
          handle_sigint: bool = False, stop_mode: str = "drain",
          on_driver: Callable[[Any], None] | None = None,
          drain_timeout_s: float | None = None, max_wall_s: float = 600.0,
-         force: bool = True, loader: ReplicaLoader | None = None) -> Result:
+         force: bool = True, loader: ReplicaLoader | None = None, yes: bool = False) -> Result:
     """Run a scenario live and return the same :class:`Result` shape as ``sim.run``.
 
     Args:
@@ -175,9 +177,13 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
         max_wall_s: With ``force=False``: refuse when the predicted wall time exceeds this.
         force: Run without the stability and wall-time check (the API default; the CLI
             checks unless ``--force``).
+        yes: Run even when the run would hold more memory than the budget
+            (:mod:`executor.live_budget`: the records, and per replica its model and a
+            batch); otherwise it is refused before any model is built.
 
     Raises:
         LiveError: with ``force=False``, the simulator predicts an unstable or too long run.
+        sim.experiments.preflight.BudgetError: beyond the memory budget (unless ``yes``).
     """
     from executor.request_driver import LiveDriver
 
@@ -187,6 +193,7 @@ def live(scenario: Scenario | dict[str, Any] | str | Path,
     if math.isnan(max_wall_s) or max_wall_s <= 0:
         raise LiveError(f"--max-wall-s {max_wall_s:g}: must be a number of seconds > 0")
     scn = load_scenario(scenario, overrides)
+    check_live_requests(scn, model_spec(scn) if runners is None else None, yes=yes)
     drain_s = default_drain_s(scn) if drain_timeout_s is None else drain_timeout_s
     if drain_s <= 0:
         raise LiveError(f"--drain-timeout-s {drain_s:g}: must be > 0")

@@ -29,6 +29,11 @@ REQUEST_FIDELITY_KEYS = ("throughput_rps", "latency_ms.p50", "latency_ms.p99",
                          "mean_batch_size")
 
 
+LIVE_YES_HELP = ("Run even when the run would hold more memory than the budget (4 GiB: its "
+                 "records, and per replica its model and a batch, or an LLM engine's "
+                 "decoder and KV cache); without it such a run is refused before any "
+                 "model is loaded.")
+
 LLM_FIDELITY_KEYS = ("throughput_rps", "output_tokens_per_s", "ttft_ms.p50", "ttft_ms.p99",
                      "tpot_ms.p50", "tpot_ms.p99")
 
@@ -50,6 +55,7 @@ def live_cmd(
     max_wall_s: Annotated[float, typer.Option(help=MAX_WALL_HELP)] = 600.0,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help=LIVE_YES_HELP)] = False,
 ) -> None:
     """Run SCENARIO in real time against the real model (same policies and schedule as sim)."""
     from executor.live_requests import live
@@ -65,12 +71,12 @@ def live_cmd(
         if batch_timeout_ms is not None:
             fail("--batch-timeout-ms: not supported for LLM scenarios (a step serves many "
                  "requests at once); leave it out")
-        _live_llm(scenario, out, set_, on_interrupt, drain_timeout_s, max_wall_s, force)
+        _live_llm(scenario, out, set_, on_interrupt, drain_timeout_s, max_wall_s, force, yes)
         return
     try:
         result = live(scenario, overrides=set_ or None, handle_sigint=True,
                       stop_mode=on_interrupt, drain_timeout_s=drain_timeout_s,
-                      max_wall_s=max_wall_s, force=force,
+                      max_wall_s=max_wall_s, force=force, yes=yes,
                       batch_timeout_s=None if batch_timeout_ms is None else batch_timeout_ms / 1e3)
     except USER_ERRORS as exc:
         fail(str(exc))
@@ -102,7 +108,8 @@ def live_cmd(
 
 
 def _live_llm(scenario: str, out: Path | None, set_: list[str] | None, on_interrupt: str,
-              drain_timeout_s: float | None, max_wall_s: float, force: bool) -> None:
+              drain_timeout_s: float | None, max_wall_s: float, force: bool,
+              yes: bool = False) -> None:
     """``servelab live`` for an LLM scenario: the scheduler objects on the real decoder."""
     from executor.live_llm import live_llm
     from sim.llm import StepInvariantError
@@ -110,7 +117,7 @@ def _live_llm(scenario: str, out: Path | None, set_: list[str] | None, on_interr
     try:
         result = live_llm(scenario, overrides=set_ or None, handle_sigint=True,
                           stop_mode=on_interrupt, drain_timeout_s=drain_timeout_s,
-                          max_wall_s=max_wall_s, force=force)
+                          max_wall_s=max_wall_s, force=force, yes=yes)
     except USER_ERRORS as exc:
         fail(str(exc))
         return

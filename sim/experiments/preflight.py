@@ -27,6 +27,9 @@ BYTES_PER_REQUEST = {"full": 300.0, "summary": 120.0, "sketch": 80.0}
 BYTES_PER_LLM_REQUEST = 400.0
 BYTES_PER_TOKEN = 40.0  # the token-time slot and the token table
 BYTES_PER_TICK = 64.0  # the fleet's log per control tick
+# prefix caching: per KV block and replica, two Python lists of 8-byte slots (reference
+# counts, cached keys) and a third while the invariants are checked
+BYTES_PER_CACHED_BLOCK = 24.0
 BASE_BYTES = 256 * 2**20  # the interpreter, numpy, pandas, simpy
 
 
@@ -39,6 +42,9 @@ class Budget:
 
 
 BUDGET = Budget()
+# What a live run may hold without ``--yes``: the same memory; no time limit here, since a
+# live run lasts its schedule's real span (``--max-wall-s`` bounds that)
+MEMORY_BUDGET = Budget(time_s=math.inf)
 
 
 class BudgetError(UserError):
@@ -65,9 +71,12 @@ class Estimate:
     detail: str
     verb: str = "lower"  # what to do with ``driver``: lower it, or raise it (a period)
 
-    def text(self) -> str:
-        """``about 1.2 GiB and 3 min (2e+07 requests)``."""
-        return f"about {_bytes(self.memory_bytes)} and {_duration(self.time_s)} ({self.detail})"
+    def text(self, timed: bool = True) -> str:
+        """``about 1.2 GiB and 3 min (2e+07 requests)``; not ``timed``: ``about 1.2 GiB of
+        memory (2e+07 requests)``.
+        """
+        cost = f"and {_duration(self.time_s)}" if timed else "of memory"
+        return f"about {_bytes(self.memory_bytes)} {cost} ({self.detail})"
 
 
 def _bytes(n: float) -> str:
@@ -97,9 +106,11 @@ def check(estimate: Estimate, what: str, *, yes: bool = False,
     budget = BUDGET if budget is None else budget
     if yes or (estimate.memory_bytes <= budget.memory_bytes and estimate.time_s <= budget.time_s):
         return
-    raise BudgetError(f"{estimate.driver}: this {what} would take {estimate.text()}, beyond "
-                      f"the budget of {_bytes(budget.memory_bytes)} and "
-                      f"{_duration(budget.time_s)}; {estimate.verb} {estimate.driver}, or "
+    timed = math.isfinite(budget.time_s)  # else a memory budget only (MEMORY_BUDGET)
+    limit = _bytes(budget.memory_bytes) + (f" and {_duration(budget.time_s)}" if timed else
+                                           " of memory")
+    raise BudgetError(f"{estimate.driver}: this {what} would take {estimate.text(timed)}, "
+                      f"beyond the budget of {limit}; {estimate.verb} {estimate.driver}, or "
                       "pass --yes to run it anyway")
 
 
@@ -246,6 +257,13 @@ def estimate_run(scenario: Any, records: str | None = None) -> Estimate:
         if tokens / TOKENS_PER_S > requests / REQUESTS_PER_S and requests <= 1e6:
             driver = "workload.output_tokens"
         detail = f"{requests:.3g} requests, {tokens:.3g} output tokens"
+        blocks = _cached_blocks(scenario)
+        if blocks:
+            memory += blocks * BYTES_PER_CACHED_BLOCK
+            detail += f", {blocks:.3g} prefix-cached KV blocks"
+            if blocks * BYTES_PER_CACHED_BLOCK > requests * BYTES_PER_LLM_REQUEST \
+                    + tokens * BYTES_PER_TOKEN:
+                driver = "policy.num_gpu_blocks"
     else:
         kept = str(records or getattr(scenario, "records", "full"))
         if getattr(scenario, "autoscaling", None) is not None or (
@@ -283,6 +301,14 @@ def _mean_output_tokens(scenario: Any) -> float:
     if spec.dist == "lognormal":
         return float(min(spec.mean, spec.max or math.inf))
     return 1000.0  # empirical: resampled from a column; a typical length
+
+
+def _cached_blocks(scenario: Any) -> float:
+    """KV blocks the prefix caches track, over all replica slots (0 without caching)."""
+    policy = scenario.policy
+    if not getattr(policy, "enable_prefix_caching", False) or not hasattr(policy, "blocks"):
+        return 0.0
+    return float(policy.blocks()) * float(getattr(scenario, "fleet_size", 1))
 
 
 def _kv_tokens(scenario: Any) -> float:
