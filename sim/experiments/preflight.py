@@ -201,6 +201,11 @@ def requests_and_horizon(scenario: Any) -> tuple[float, float, str]:
         if rows * w.rate_scale > 0 and count < rows * w.rate_scale:
             span *= count / (rows * w.rate_scale)
         return count, (min(span, duration) if duration is not None else span), driver
+    if w.kind == "hash_trace":  # one request a row (a jsonl file: one more than counted)
+        rows = _trace_rows(w) + 1
+        count = min(n_max, rows)
+        return count, (duration if duration is not None else math.nan), (
+            "workload.n_requests" if n_max <= rows else "workload.path")
     if w.kind == "closed":
         # each client sends again a think time after its answer: the round trip sets both
         # the count (by duration_s) and the simulated time (by n_requests)
@@ -286,6 +291,8 @@ def _mean_output_tokens(scenario: Any) -> float:
     arrival and generate nothing).
     """
     w = scenario.workload
+    if w.kind == "hash_trace":
+        return 1000.0  # lengths from the file; a typical length, as for an empirical draw
     spec = getattr(w, "output_tokens", None)
     column = getattr(w, "output_tokens_column", None)
     if column is not None:

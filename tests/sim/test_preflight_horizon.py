@@ -63,3 +63,16 @@ def test_a_closed_loop_prices_think_time_and_keeps_full_records() -> None:
                                    "duration_s": 10.0}}
     assert requests_and_horizon(load_scenario(timed))[:2] == pytest.approx((40.0, 10.0))
     assert estimate_run(load_scenario(timed), "sketch").memory_bytes < full
+
+
+def test_a_hash_trace_is_priced_by_its_rows_not_refused_as_endless() -> None:
+    # the estimate knew no hash_trace workload: inf requests, so `servelab simulate
+    # builtin:llm-prefix-cache` (the README's example) was refused without --yes
+    from sim.experiments.preflight import BUDGET
+    from sim.scenario.llm import load_llm_scenario
+
+    est = estimate_run(load_llm_scenario("builtin:llm-prefix-cache"))
+    assert est.requests == 1100  # the shipped trace's rows
+    assert est.memory_bytes < BUDGET.memory_bytes and est.time_s < BUDGET.time_s
+    cut = load_llm_scenario("builtin:llm-prefix-cache", {"workload.n_requests": 50})
+    assert requests_and_horizon(cut)[0] == 50
