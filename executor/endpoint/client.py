@@ -25,12 +25,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.endpoint.http1 import ConnectError, CutError, Pool, Reply
+from executor.endpoint.http1 import ConnectError, CutError, Pool, PoolFullError, Reply
 from executor.endpoint.precise_timer import open_timer
 
 APIS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 CAUSES = ("refused", "http_NNN", "timeout", "stream_cut", "malformed_sse", "too_few_tokens",
-          "too_many_tokens", "stream_error", "client_error")  # http_NNN: the status, e.g. http_503
+          "too_many_tokens", "stream_error", "client_error",
+          "answers_over_budget")  # http_NNN: the status, e.g. http_503
+# the answers in flight would hold more than the client's pooled budget
+# (executor.endpoint.http1.MAX_POOLED_ANSWER_BYTES): this one was cut
+OVER_BUDGET = "answers_over_budget"
 
 
 @dataclass
@@ -170,7 +174,9 @@ async def exchange(pool: Pool, request: bytes, reply: Reply, out: Outcome, t0: f
                    timeout_s: float | None, cut_cause: str) -> bool:
     """POST ``request`` (from ``pool.request``) and wait for the whole answer into ``reply``;
     True for a complete 200 answer, else ``out`` holds the failure (its cause: ``refused``,
-    ``timeout``, ``cut_cause``, ``http_NNN``). Raises only on cancel.
+    ``timeout``, ``cut_cause``, ``answers_over_budget``, ``http_NNN``). Raises only on
+    cancel. The caller releases ``reply`` (:meth:`~executor.endpoint.http1.Reply.release`)
+    once done with its body.
 
     The one response path of both senders: the streaming one (:func:`send`) and the
     request-level one (:func:`executor.endpoint.request_client.send_request`) differ only in
@@ -189,6 +195,9 @@ async def exchange(pool: Pool, request: bytes, reply: Reply, out: Outcome, t0: f
         return False
     except ConnectError as exc:
         out.status, out.cause, out.error = "failed", "refused", _one_line(exc)
+        return False
+    except PoolFullError as exc:
+        out.status, out.cause, out.error = "failed", OVER_BUDGET, _one_line(exc)
         return False
     except CutError as exc:
         out.status, out.cause, out.error = "failed", cut_cause, _one_line(exc)
@@ -218,8 +227,10 @@ async def send(pool: Pool, request: bytes, job: Job, out: Outcome, t0: float, ch
             try:
                 done = read_sse(reply, out, t0, chat)
             except StreamError as exc:
-                out.status, out.cause, out.error = "failed", exc.cause, str(exc)
+                if complete:  # a cut answer keeps its cause: its last line may be cut too
+                    out.status, out.cause, out.error = "failed", exc.cause, str(exc)
                 complete = False
+        reply.release()
     if not complete:  # exchange or the stream's parse set the cause
         return
     got, want = out.received, job.output_tokens

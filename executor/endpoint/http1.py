@@ -31,6 +31,14 @@ MAX_HEAD_BYTES = 65536
 # server that sends more (an endless body, a Content-Length of gigabytes) has the request
 # failed and its connection closed instead of filling the client's memory
 MAX_ANSWER_BYTES = 64 * 2**20
+# the most that the answers in flight on one pool (one run's requests) hold together: the
+# per-answer cap alone let 1,000 requests streaming 60 MiB each hold 60 GB. 512 MiB is 8
+# answers at that cap, and with a plan under the commands' 4 GiB budget keeps a bench
+# within it. Fixed rather than derived from the memory free at the time, so that which
+# requests fail does not depend on what else the machine was doing. An answer whose next
+# read would take the pool past it is cut (:class:`PoolFullError`) and its bytes returned;
+# the others go on.
+MAX_POOLED_ANSWER_BYTES = 512 * 2**20
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -42,13 +50,33 @@ class CutError(Exception):
     """The connection ended, or sent bytes that are not HTTP, before the answer was complete."""
 
 
+class PoolFullError(CutError):
+    """The answers in flight on the pool would hold more than its budget with this read: the
+    answer is cut (:data:`MAX_POOLED_ANSWER_BYTES`).
+    """
+
+
+class AnswerBudget:
+    """The bytes that the answers in flight on one :class:`Pool` hold together: ``held``
+    (charged as reads arrive, returned by :meth:`Reply.release`), at most ``limit``;
+    ``peak``: the most held at once.
+    """
+
+    __slots__ = ("held", "limit", "peak")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+
+
 class Reply:
     """One answer as it arrives: status, reason, whether the connection stays open, and the
     body as ``pieces`` of ``(arrival_s, bytes)`` (``time.perf_counter`` seconds).
     """
 
-    __slots__ = ("_buf", "_left", "_mode", "keep_alive", "pieces", "reason", "received",
-                 "status")
+    __slots__ = ("_buf", "_left", "_mode", "budget", "charged", "keep_alive", "pieces",
+                 "reason", "received", "status")
 
     def __init__(self) -> None:
         self.status = 0
@@ -59,6 +87,16 @@ class Reply:
         self._mode = HEAD
         self._buf = b""
         self._left = 0
+        self.budget: AnswerBudget | None = None  # the pool's, set by Pool.post
+        self.charged = 0  # bytes of the budget this answer holds
+
+    def release(self) -> None:
+        """Return this answer's bytes to its pool's budget (its sender is done with the
+        body); later reads are no longer charged.
+        """
+        if self.budget is not None:
+            self.budget.held -= self.charged
+            self.charged, self.budget = 0, None
 
     @property
     def complete(self) -> bool:
@@ -114,6 +152,16 @@ class Reply:
         if self.received > MAX_ANSWER_BYTES:
             raise CutError(f"the answer is longer than {MAX_ANSWER_BYTES // 2**20} MiB; "
                            "stopped reading it")
+        budget = self.budget
+        if budget is not None:
+            if budget.held + len(data) > budget.limit:  # this read is dropped, not kept
+                raise PoolFullError(
+                    f"the answers in flight hold {budget.held / 2**20:.0f} MiB and this "
+                    f"one's next {len(data)} bytes would pass the client's "
+                    f"{budget.limit // 2**20} MiB for all answers; stopped reading it")
+            budget.held += len(data)
+            self.charged += len(data)
+            budget.peak = max(budget.peak, budget.held)
         if self._mode == HEAD:
             buf = self._buf + data
             end = buf.find(b"\r\n\r\n")
@@ -292,6 +340,7 @@ class Pool:
                         f"{extra}Content-Length: ").encode("latin-1")
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
+        self.budget = AnswerBudget(MAX_POOLED_ANSWER_BYTES)
 
     def request(self, body: bytes) -> bytes:
         """The bytes of a POST of ``body``."""
@@ -313,12 +362,15 @@ class Pool:
         return conn
 
     async def post(self, request: bytes, reply: Reply) -> None:
-        """Send ``request`` (from :meth:`request`) and wait until ``reply`` is complete.
+        """Send ``request`` (from :meth:`request`) and wait until ``reply`` is complete. The
+        answer's bytes are charged to the pool's :class:`AnswerBudget` until the caller's
+        :meth:`Reply.release`.
 
         Raises:
             ConnectError: no connection could be opened.
             CutError: the connection ended, or answered garbage, before the answer was
-                complete.
+                complete; :class:`PoolFullError`: the answers in flight would pass the
+                pool's budget.
         """
         conn = None
         while self._idle:
@@ -328,6 +380,7 @@ class Pool:
                 break
             self._all.discard(candidate)
         reused = conn is not None
+        reply.budget = self.budget
         if conn is None:
             conn = await self._open()
         try:

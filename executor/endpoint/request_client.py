@@ -25,7 +25,8 @@ from sim.scenario.payload import PayloadCfg
 
 REQUEST_APIS = ("kserve-v2", "http-json")
 REQUEST_CAUSES = ("refused", "http_NNN", "timeout", "connection_cut", "malformed_json",
-                  "bad_response", "client_error")  # http_NNN: the status, e.g. http_503
+                  "bad_response", "client_error",
+                  "answers_over_budget")  # http_NNN: the status, e.g. http_503
 _NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
           "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
           "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
@@ -178,8 +179,18 @@ async def send_request(pool: Pool, request: bytes, job: Job, out: Outcome, t0: f
     ``kserve``: validate the answer as a v2 inference response of ``rows`` rows.
     """
     reply = Reply()
-    if not await exchange(pool, request, reply, out, t0, timeout_s, "connection_cut"):
-        return
+    try:
+        if await exchange(pool, request, reply, out, t0, timeout_s, "connection_cut"):
+            _read_answer(reply, out, t0, kserve, rows)
+    finally:  # done with the body: the pool's budget gets its bytes back
+        reply.release()
+
+
+def _read_answer(reply: Reply, out: Outcome, t0: float, kserve: bool,
+                 rows: int | None) -> None:
+    """Record a complete 200 answer into ``out``: ok, or failed as ``malformed_json`` or
+    ``bad_response``.
+    """
     done = reply.pieces[-1][0] - t0 if reply.pieces else time.perf_counter() - t0
     raw = reply.body()
     try:
