@@ -162,8 +162,20 @@ def _check_run(scn: dict[str, Any], res: Any) -> dict[str, int]:
         assert (placed | ~ran).all(), what
     # the bound: never more than max_ongoing requests at a replica (joined .. finish)
     limit = queue.get("max_ongoing_requests")
+    events = res.fleet_events if "autoscaling" in scn else pd.DataFrame(
+        columns=["time_s", "replica", "event"])
+    moved_s = np.sort(events.loc[events["event"].isin(["retire", "cancel"]),
+                                 "time_s"].to_numpy(float))
     if limit is not None:
-        at = req[placed]
+        at = req[placed].copy()
+        moved_at = np.append(moved_s, np.inf)  # (never empty)
+        # a removed replica's request routed straight to another keeps its first join
+        # time (admission.requeue): it is at its last replica from the last retire or
+        # cancel before it started (or ended) at the latest; count it from there
+        until = np.where(at["start_s"].notna(), at["start_s"], at["finish_s"])
+        k = np.searchsorted(moved_s, until.astype(float) + EPS_S, side="right") - 1
+        last_move = np.where(k >= 0, moved_at[np.clip(k, 0, None)], -np.inf)
+        at["joined_s"] = np.maximum(at["joined_s"].to_numpy(float), last_move)
         events_s = np.unique(np.concatenate([at["joined_s"], at["finish_s"]]))
         for _, mine in at.groupby("replica"):
             j = np.sort(mine["joined_s"].to_numpy())
@@ -185,9 +197,6 @@ def _check_run(scn: dict[str, Any], res: Any) -> dict[str, int]:
             on_r = running[running["replica"] == r]
             busy = ((on_r["start_s"] <= t + EPS_S) & (on_r["finish_s"] > t + EPS_S)).any()
             assert busy, (what, "joined an idle greedy replica and did not start", r, t)
-    events = res.fleet_events if "autoscaling" in scn else pd.DataFrame(
-        columns=["time_s", "replica", "event"])
-    moved_s = events.loc[events["event"].isin(["retire", "cancel"]), "time_s"].to_numpy()
     fifo_pairs = 0
     if retry:
         # with retry every arrival waits at the router and a replica found goes to the
