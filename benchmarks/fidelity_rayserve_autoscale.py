@@ -124,7 +124,9 @@ def main() -> None:
         "servelab's scenario mirrors Ray's stopping replica (`autoscaling."
         "graceful_shutdown_wait_loop_s`: a removed replica sleeps that long, then stops at "
         "the first check that finds no ongoing request; it counts replica-seconds until "
-        "then) and the cold start measured in each run. It batches by Ray's rule "
+        "then; a scale-up launches while it stops, `autoscaling.stopping_holds_slot: "
+        "false`, as Ray does not count a STOPPING replica against max_replicas) and the "
+        "cold start measured in each run. It batches by Ray's rule "
         "(`policy.timer: arrival`: the next batch forms while one runs) and bounds each "
         f"replica at Ray's `max_ongoing_requests` ({day.max_ongoing_requests}; "
         "`queue.max_ongoing_requests`: past it a request waits at the router).",

@@ -163,6 +163,9 @@ class AutoscaleDay:
                     # Ray's scale-down order on one node and its kill of a stopping replica
                     # (graceful_shutdown_timeout_s, 20 s by default)
                     "retire": "newest", "graceful_shutdown_timeout_s": 20.0,
+                    # Ray's count of replicas against max_replicas leaves out STOPPING ones:
+                    # a scale-up launches while a removed replica still drains
+                    "stopping_holds_slot": False,
                     "outside_ms": outside_ms}}
 
 

@@ -34,7 +34,8 @@ def scenario_capacity_rps(scenario: Scenario, service: ServiceModel,
     the batch sizes tried.
     """
     return capacity_rps(service.mean_s, policy_batch_sizes(scenario, requests),
-                        scenario.fleet_size, scenario.policy.max_concurrent_batches, mean_size)
+                        scenario.most_replicas, scenario.policy.max_concurrent_batches,
+                        mean_size)
 
 
 @dataclass(frozen=True)

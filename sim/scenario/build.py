@@ -208,7 +208,8 @@ def build_fleet(scenario: Scenario | Any) -> Fleet | None:
     if cfg is None:
         return None
     knobs = _knobs(cfg, "control_period_s", "cold_start_s", "graceful_shutdown_wait_loop_s",
-                   "graceful_shutdown_timeout_s", "retire", "outside_ms")
+                   "graceful_shutdown_timeout_s", "retire", "outside_ms",
+                   "stopping_holds_slot")
     if isinstance(cfg, ScheduleAutoscalingCfg):
         knobs["steps"] = [(float(t), int(n)) for t, n in cfg.steps]
     builder: Callable[..., Autoscaler] = AUTOSCALERS[cfg.kind]

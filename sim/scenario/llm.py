@@ -359,6 +359,10 @@ class LlmScenario(_Strict):
                 raise ValueError("autoscaling.graceful_shutdown_timeout_s: not modelled for "
                                  "LLM engines (a removed engine stops when its sequences "
                                  "finish, never killed); leave it out")
+            if not getattr(self.autoscaling, "stopping_holds_slot", True):
+                raise ValueError("autoscaling.stopping_holds_slot: false is not modelled for "
+                                 "LLM engines (a removed engine holds its slot until its "
+                                 "sequences finish); leave it out")
             if getattr(self.autoscaling, "outside_ms", 0.0):
                 raise ValueError("autoscaling.outside_ms: not modelled for LLM engines (their "
                                  "autoscaler counts the engines' own sequences); leave it out")

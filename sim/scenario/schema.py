@@ -368,8 +368,15 @@ class _AutoscalingBase(_Strict):
 
     @property
     def slots(self) -> int:
-        """Replica slots the fleet needs (its most replicas)."""
+        """The most replicas starting or ready at once (``max_replicas``)."""
         return self.max_replicas
+
+    @property
+    def fleet_slots(self) -> int:
+        """Replica slots the fleet needs: its most replicas, as each removed replica keeps
+        its slot until it stops.
+        """
+        return self.slots
 
     @model_validator(mode="after")
     def _bounds(self) -> _AutoscalingBase:
@@ -416,6 +423,18 @@ class TargetAutoscalingCfg(_AutoscalingBase):
     # answer: the path outside the replica too. Each request also counts this long after its
     # batch ends (0: only queued + running, the replica's own count)
     outside_ms: float = Field(0.0, ge=0, le=60_000)
+    # true: a removed replica that is still draining (or polling) holds one of the
+    # max_replicas slots until it stops, so a scale-up then waits for its stop. false (Ray
+    # Serve 2.60: a STOPPING replica is not counted against max_replicas): a launch takes
+    # another slot at once; up to max_replicas more slots are kept for removed replicas
+    stopping_holds_slot: bool = True
+
+    @property
+    def fleet_slots(self) -> int:
+        """Replica slots the fleet needs: ``max_replicas``, twice that when a stopping
+        replica does not hold one of them (the extra ones hold replicas still stopping).
+        """
+        return self.max_replicas if self.stopping_holds_slot else 2 * self.max_replicas
 
 
 class ConcurrencyAutoscalingCfg(_AutoscalingBase):
@@ -560,7 +579,15 @@ class Scenario(_Strict):
 
     @property
     def fleet_size(self) -> int:
-        """Replica slots: ``replicas``, or the autoscaler's most replicas."""
+        """Replica slots: ``replicas``, or the slots an autoscaled fleet needs
+        (``autoscaling.fleet_slots``: more than its most replicas when removed replicas
+        stop in extra slots).
+        """
+        return self.autoscaling.fleet_slots if self.autoscaling is not None else self.replicas
+
+    @property
+    def most_replicas(self) -> int:
+        """The most replicas serving at once: ``replicas``, or the autoscaler's most."""
         return self.autoscaling.slots if self.autoscaling is not None else self.replicas
 
     def to_yaml(self) -> str:

@@ -12,6 +12,15 @@ retires ready ones, as Ray Serve 2.60 stops replicas that are not running yet fi
 (:meth:`Fleet.plan`); a cancelled slot goes ``off`` at once (it never served). It records
 every change as an event (``time_s, replica, event``) and the counts as a step series;
 replica-seconds integrate the replicas that hold resources (starting, ready or draining).
+
+A draining slot is not off, so a launch cannot take it: with as many slots as the
+autoscaler's ``max_replicas`` a scale-up right after a scale-down waits for the removed
+replica to stop. Ray Serve 2.60 counts only starting and running replicas against the
+target (``DeploymentState._get_target_replica_delta``: STARTING, UPDATING, RUNNING and
+RECOVERING, not STOPPING), so it launches at once: a fleet given ``2 * max_replicas``
+slots does the same (the autoscaler's bound keeps ready + starting within
+``max_replicas``; the extra slots hold removed replicas while they stop). A control that
+wants more launches than there are off slots is recorded in ``FleetLog.slot_waits``.
 """
 
 from __future__ import annotations
@@ -44,6 +53,9 @@ class FleetLog:
             loop's lateness; equal in the simulator), what its view held and its answer.
             None (the default): not recorded (a simulated day would hold a row per tick);
             the live executor records them (a test compares them with the run's records).
+        slot_waits: ``(time_s, launches)``: a consultation that wanted more launches than
+            there were off slots (the rest wait for draining slots to stop; the autoscaler
+            is asked again at the next control tick).
     """
 
     events: list[tuple[float, int, str]] = field(default_factory=list)
@@ -52,6 +64,7 @@ class FleetLog:
     ready: list[int] = field(default_factory=list)
     starting: list[int] = field(default_factory=list)
     draining: list[int] = field(default_factory=list)
+    slot_waits: list[tuple[float, int]] = field(default_factory=list)
 
     def series(self) -> pd.DataFrame:
         """The replica counts over time (``replicas`` = starting + ready + draining)."""
@@ -71,7 +84,9 @@ class Fleet:
     """Replica slots and the autoscaler that sizes them.
 
     Args:
-        n_slots: Slots (the autoscaler's ``max_replicas``).
+        n_slots: Slots: the autoscaler's ``max_replicas`` (a removed replica holds one until
+            it stops, as a launch then waits), or more (``2 * max_replicas``: a launch takes
+            an off slot while removed replicas stop in the others, as Ray Serve's does).
         autoscaler: The policy.
         control_period_s: How often the autoscaler is consulted.
         stop_poll_s: A draining replica stops at the first poll that finds it idle, polls
@@ -177,6 +192,8 @@ class Fleet:
                                       view.ongoing, have, want))
         if want > have:
             off = sorted(self.slots(OFF), key=lambda r: (-queued_per_slot[r], r))
+            if len(off) < want - have:  # draining slots hold the rest
+                self.log.slot_waits.append((view.now_s, want - have - len(off)))
             return off[:want - have], [], []
         if want < have:
             excess = have - want
