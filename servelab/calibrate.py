@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -21,6 +20,7 @@ from calibration.model_runners import build_runner
 from calibration.profile import LatencyProfile, load_profile, profile_summary
 from calibration.report import write_report
 from sim.errors import UserError
+from sim.scenario.schema import cli_value
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def parse_params(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise UserError(f"--param {item!r}: expected KEY=VALUE, e.g. --param width=512")
         key, raw = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(raw)
+        out[key.strip()] = cli_value(raw)
     return out
 
 

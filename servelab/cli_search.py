@@ -91,6 +91,8 @@ def sweep_cmd(
                           "(column stability.verdict)", highlight=False, soft_wrap=True)
     if failed:
         first = frame.loc[frame["error"] != "", "error"].iloc[0]
+        if failed == len(frame):  # nothing measured: not a sweep that worked
+            fail(f"every run failed; the first: {first}", code=1)
         console.print(f"[yellow]first failure:[/] {first}")
 
 

@@ -99,10 +99,9 @@ def request_server_run(name: str, port: int, args: list[str]) -> None:
     ``window_ms`` 10, ``max_items`` 16; keys as in ``executor/endpoint/kserve_app.py``).
     Values are YAML.
     """
-    import yaml
-
     from executor.endpoint.kserve_server import KServeServer, ensure_kserve
     from executor.endpoint.rayserve import RayServeApp, ensure_ray
+    from sim.scenario.schema import cli_value
 
     cli = _cli()
     config: dict[str, Any] = ({"model": "minilm", "model_name": "minilm", "max_batch_size": 8,
@@ -113,7 +112,7 @@ def request_server_run(name: str, port: int, args: list[str]) -> None:
         key, sep, value = item.partition("=")
         if not sep or not key:
             cli.fail(f"--arg {item!r}: expected KEY=VALUE, e.g. --arg max_batch_size=16")
-        config[key.lstrip("-").replace("-", "_")] = yaml.safe_load(value)
+        config[key.lstrip("-").replace("-", "_")] = cli_value(value)
     server: RayServeApp | KServeServer
     try:
         if name == "ray":

@@ -20,6 +20,12 @@ def sweep_figure(frame: pd.DataFrame, knobs: Sequence[str]) -> go.Figure:
     """
     ok = frame[frame["error"] == ""] if "error" in frame else frame
     y = "latency_ms.p99" if "latency_ms.p99" in frame else "e2e_ms.p99"  # LLM runs: E2E
+    if ok.empty or y not in ok or "throughput_rps" not in ok:
+        fig = go.Figure()
+        fig.add_annotation(text="no run succeeded: nothing to plot (see the error column)",
+                           showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+        fig.update_layout(height=200, template="plotly_white")
+        return fig
     means = ok.groupby(list(knobs), dropna=False).mean(numeric_only=True).reset_index() \
         if knobs else ok.mean(numeric_only=True).to_frame().T
     fig = make_subplots(rows=1, cols=3, subplot_titles=(

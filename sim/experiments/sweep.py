@@ -26,7 +26,7 @@ import pandas as pd
 from sim.errors import UserError
 from sim.experiments.resume import check_same_sweep, read_runs, servelab_version
 from sim.metrics.summary import ok_requests
-from sim.scenario.schema import Scenario
+from sim.scenario.schema import Scenario, cli_value
 from sim.serving.records import RECORDS
 
 if TYPE_CHECKING:
@@ -95,8 +95,6 @@ def run_task(task: Task) -> dict[str, Any]:
 # -- grids -------------------------------------------------------------------------------------
 def parse_grid_value(text: str) -> list[Any]:
     """``"1,2,4"`` -> [1, 2, 4]; ``"100:600:50"`` -> 100, 150, ..., 600 (inclusive)."""
-    import yaml
-
     text = text.strip()
     if ":" in text and "," not in text:
         parts = text.split(":")
@@ -118,7 +116,7 @@ def parse_grid_value(text: str) -> list[Any]:
         values = list(np.arange(start, stop + step / 2, step))
         as_int = all(float(v).is_integer() for v in (start, stop, step))
         return [int(v) if as_int else round(float(v), 10) for v in values]
-    values = [yaml.safe_load(v) for v in text.split(",") if v.strip()]
+    values = [cli_value(v) for v in text.split(",") if v.strip()]
     if not values:
         raise ExperimentError(f"--grid {text!r}: no values")
     for value in values:

@@ -793,6 +793,21 @@ def read_scenario_dict(ref: str | Path) -> dict[str, Any]:
     return data
 
 
+
+_EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def cli_value(raw: str) -> Any:
+    """A command-line value (``--set``, ``--grid``, ``--param``) read as YAML, with one
+    exception: YAML 1.1 reads ``1e9`` and ``1.5e9`` (an exponent without a sign or without a
+    dot) as strings, where a person typed a number; those are numbers here, as ``1e+9`` is
+    in YAML.
+    """
+    value = yaml.safe_load(raw)
+    if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+        return float(value)
+    return value
+
 def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any], *,
                     unions: dict[str, Any] | None = None) -> dict[str, Any]:
     """Return a copy of ``data`` with dotted-key overrides applied.
@@ -825,7 +840,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any],
                                     "e.g. policy.max_batch_size=16")
             key, raw = text.split("=", 1)
             try:
-                value = yaml.safe_load(raw)
+                value = cli_value(raw)
             except yaml.YAMLError:
                 value = raw
             items.append((key.strip(), value))

@@ -268,3 +268,38 @@ def test_a_broken_middle_line_names_the_line(tmp_path) -> None:
     log.write_text('{"key": "a"}\n{not json\n{"key": "b"}\n')
     with pytest.raises(ResumeError, match="line 2 is not a JSON row"):
         read_runs(log)
+
+
+def test_a_sweep_whose_every_run_fails_says_so_in_one_line(tmp_path) -> None:
+    # every point's warm-up outlasts its arrivals: each run fails with a ScenarioError. The
+    # report's Pareto front then met a frame without metric columns and the command ended
+    # in an internal error after writing runs.jsonl; now the report says nothing succeeded
+    # and the command exits 1 naming the first failure
+    path, out = tmp_path / "s.yaml", tmp_path / "d"
+    path.write_text(yaml.safe_dump({**GOOD, "warmup_s": 10}))
+    result = CliRunner().invoke(app, ["sweep", str(path), "--grid", "workload.rate_rps=100,200",
+                                      "--seeds", "1", "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "internal error" not in result.output
+    assert "every run failed; the first: ScenarioError: warmup_s" in " ".join(
+        result.output.split())
+    assert "nothing to plot" in (out / "report.html").read_text()
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize(("flag", "text", "want"), [
+    ("--set", "workload.size=1.5e9", 1.5e9), ("--set", "workload.size=2E3", 2000.0),
+    ("--grid", "workload.rate_rps=1e2,2e2", [100.0, 200.0])])
+def test_an_exponent_without_a_sign_is_a_number(flag, text, want) -> None:
+    # YAML 1.1 reads 1e9 and 1.5e9 as strings: --set workload.size=1.5e9 was refused as
+    # "unable to parse string as an integer (got '1.5e9')" and a --grid of 1e2,2e2 as "not
+    # a number", where a person typed a number (1e+9 was read as one)
+    from sim.experiments.sweep import parse_grid_value
+    from sim.scenario.schema import apply_overrides
+
+    if flag == "--set":
+        data = apply_overrides(json.loads(json.dumps(GOOD)), [text])
+        assert data["workload"]["size"] == want
+        assert load_scenario(data).workload.size == int(want)
+    else:
+        assert parse_grid_value(text.split("=", 1)[1]) == want
