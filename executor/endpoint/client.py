@@ -153,6 +153,14 @@ def _line(line: bytes, now: float, out: Outcome, chat: bool, state: list[int]) -
         raise StreamError("stream_error", f"error in stream: {str(chunk['error'])[:120]}")
     usage = chunk.get("usage") or {}
     choices = chunk.get("choices")
+    # a usage that is not an object, choices that are not a list, or a chat delta that is
+    # not an object raised AttributeError/TypeError here, which ended the sender's task
+    # (and the bench) with a traceback and kept the answer's bytes in the pool's budget
+    if not isinstance(usage, dict) or not isinstance(choices or [], list) or (
+            chat and any(not isinstance(c.get("delta", {}), dict)
+                         for c in choices or [] if isinstance(c, dict))):
+        raise StreamError("malformed_sse", f"chunk's usage, choices or delta has the wrong "
+                                           f"type: {data[:60]!r}")
     if choices:
         if chat and not any(c.get("delta", {}).get("content") is not None
                             for c in choices if isinstance(c, dict)):
@@ -223,14 +231,15 @@ async def send(pool: Pool, request: bytes, job: Job, out: Outcome, t0: float, ch
         complete = await exchange(pool, request, reply, out, t0, timeout_s, "stream_cut")
     finally:  # also on cancel: what came is kept
         done = False
-        if reply.status == 200:
-            try:
+        try:
+            if reply.status == 200:
                 done = read_sse(reply, out, t0, chat)
-            except StreamError as exc:
-                if complete:  # a cut answer keeps its cause: its last line may be cut too
-                    out.status, out.cause, out.error = "failed", exc.cause, str(exc)
-                complete = False
-        reply.release()
+        except StreamError as exc:
+            if complete:  # a cut answer keeps its cause: its last line may be cut too
+                out.status, out.cause, out.error = "failed", exc.cause, str(exc)
+            complete = False
+        finally:  # whatever the parse raised, the pool's budget gets the bytes back
+            reply.release()
     if not complete:  # exchange or the stream's parse set the cause
         return
     got, want = out.received, job.output_tokens

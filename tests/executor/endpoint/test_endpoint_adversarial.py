@@ -181,3 +181,39 @@ def test_model_entries_without_an_id_are_not_a_model(tmp_path: Path) -> None:
         one_line_error(bench_cli(str(write_scenario(tmp_path / "s.yaml")), "--endpoint",
                                  url), "lists no model")
         gen.close()
+
+
+@pytest.mark.parametrize("chunk", [b'{"usage": [1]}', b'{"choices": 5}',
+                                   b'{"choices": {"text": "a"}}',
+                                   b'{"choices": [{"delta": "x"}]}'])
+def test_a_chunk_of_the_wrong_shape_is_malformed(chunk: bytes) -> None:
+    # catches: a usage that is not an object, choices that are not a list or a chat delta
+    # that is not an object raised AttributeError/TypeError out of the parse, which ended
+    # the sender's task (and the bench) with a traceback instead of failing one request
+    with pytest.raises(StreamError) as err:
+        _line(b"data: " + chunk, 0.0, Outcome(0, 0.0), True, [0])
+    assert err.value.cause == "malformed_sse"
+
+
+def test_a_malformed_stream_returns_its_bytes_to_the_pool() -> None:
+    # catches: an answer whose parse raised anything but StreamError kept its bytes charged
+    # to the pool's answer budget (send released them only after a clean parse), so a few
+    # such answers starved the rest of the run into answers_over_budget
+    import asyncio
+
+    from executor.endpoint.client import Job, send
+    from executor.endpoint.http1 import Pool
+
+    pool = Pool("http://127.0.0.1:9/x")
+    body = b'data: {"usage": [1]}\n\ndata: [DONE]\n\n'
+
+    async def post(request: bytes, reply: Reply) -> None:  # the answer, charged as it comes
+        reply.budget = pool.budget
+        reply.feed(b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(body)).encode()
+                   + b"\r\n\r\n" + body, 0.0)
+
+    pool.post = post  # type: ignore[method-assign]
+    out = Outcome(0, 0.0)
+    asyncio.run(send(pool, b"", Job(0, 0.0, [1], 1, 1), out, 0.0, False, None))
+    assert (out.status, out.cause) == ("failed", "malformed_sse")
+    assert pool.budget.held == 0 and pool.budget.peak > 0
