@@ -19,6 +19,7 @@ Built-in models (``RUNNERS``):
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import platform
 import sys
@@ -409,6 +410,25 @@ def import_factory(model: str) -> Callable[..., Any]:
     return factory  # type: ignore[no-any-return]
 
 
+def size_params(params: dict[str, Any] | None) -> dict[str, Any]:
+    """A built-in runner's ``params`` (all sizes: integers >= 1) with each integral number
+    as an int: ``--param width=1e3`` and ``--set model.params.width=1e3`` read as the float
+    1000.0, which torch refused deep in the build ("must be tuple of ints"), and NaN or inf
+    raised ValueError/OverflowError from the runner's own check.
+
+    Raises:
+        RunnerError: a number that is not a finite integer >= 1, naming the param.
+    """
+    out = dict(params or {})
+    for name, value in out.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue  # not a size: the runner refuses an unknown or non-numeric param
+        if not math.isfinite(value) or int(value) != value or value < 1:
+            raise RunnerError(f"--param {name}={value}: must be an integer >= 1")
+        out[name] = int(value)
+    return out
+
+
 def build_runner(model: str, *, device: str = "auto", dtype: str = "fp32",
                  threads: int | None = None, compile: bool = False,
                  params: dict[str, Any] | None = None) -> ModelRunner:
@@ -436,6 +456,7 @@ def build_runner(model: str, *, device: str = "auto", dtype: str = "fp32",
     if model not in RUNNERS:
         raise RunnerError(f"--model {model!r}: allowed: {', '.join(RUNNERS)}, "
                           "module.path:factory, or hf:DIR_OR_CONFIG")
+    kwargs.update(size_params(params))
     try:
         built: ModelRunner = RUNNERS[model](**kwargs)
     except TypeError as exc:

@@ -75,11 +75,19 @@ def runner_bytes(spec: dict[str, Any]) -> tuple[float, float] | None:
     The per-request bytes were fitted on a CPU (peak RSS over a batch, fp32): mlp 24.8 KiB
     per request at the defaults (the formula gives 23.5); cnn 4.3 MiB at 224 px and 63 MiB
     at 1024 px (the formula: 4.0 and 82).
+
+    Raises:
+        calibration.model_runners.RunnerError: a size param that is not an integer >= 1.
     """
-    params = {k: v for k, v in (spec.get("params") or {}).items()
-              if isinstance(v, int | float) and not isinstance(v, bool)}
-    width = float(params.get("width", 1024 if spec.get("name") == "mlp" else 32))
     name, dtype = spec.get("name"), _dtype_bytes(spec)
+    if name not in ("mlp", "cnn", "minilm"):
+        return None
+    from calibration.model_runners import size_params
+
+    # a NaN size priced as NaN bytes: the run was refused naming ``replicas``
+    params = {k: v for k, v in size_params(spec.get("params")).items()
+              if isinstance(v, int | float) and not isinstance(v, bool)}
+    width = float(params.get("width", 1024 if name == "mlp" else 32))
     if name == "mlp":
         inp, depth = float(params.get("in_features", 256)), float(params.get("depth", 4))
         out = float(params.get("out_features", 16))
