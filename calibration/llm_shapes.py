@@ -5,7 +5,10 @@ is imported or anything is built. :mod:`calibration.llm_decoder` builds the deco
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ class DecoderConfig:
     def check(self) -> DecoderConfig:
         """Validate the shape; raise ValueError naming the parameter."""
         for name, value in asdict(self).items():
-            if int(value) != value or value < 1:
+            # NaN raised ValueError and inf OverflowError from int() here, a text TypeError
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value) or int(value) != value or value < 1:
                 raise ValueError(f"--param {name}={value}: must be an integer >= 1")
         if self.hidden % self.heads:
             raise ValueError(f"--param hidden={self.hidden}: must be divisible by heads "
@@ -67,3 +72,22 @@ SHAPES: dict[str, DecoderConfig] = {
     "8b": DecoderConfig(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
                         vocab=32000, max_slots=64, max_len=4096),
 }
+
+
+def config_for(params: Mapping[str, Any] | None) -> DecoderConfig:
+    """The shape ``model.params`` asks for: the named ``shape`` (default ``small``) with the
+    :class:`DecoderConfig` fields it gives, checked, each an int. The one reading of them:
+    the live run's memory check sizes the decoder that
+    :func:`executor.llm_driver.decoder_for` builds (``hidden: 64.5`` was built as 64 and
+    priced as 64.5; NaN was priced as NaN bytes).
+
+    Raises:
+        ValueError: an unknown shape, or a field that :meth:`DecoderConfig.check` refuses.
+    """
+    given = dict(params or {})
+    shape = str(given.pop("shape", "small"))
+    if shape not in SHAPES:
+        raise ValueError(f"model.params.shape {shape!r}: allowed: {', '.join(SHAPES)}")
+    fields = {k: v for k, v in given.items() if k in DecoderConfig.__dataclass_fields__}
+    cfg = replace(SHAPES[shape], **fields).check()
+    return replace(cfg, **{k: int(v) for k, v in asdict(cfg).items()})

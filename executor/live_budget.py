@@ -219,20 +219,18 @@ def check_llm_plan(scn: Any, *, yes: bool = False) -> None:
 
 def decoder_shape(spec: dict[str, Any]) -> dict[str, float]:
     """The decoder's sizes as :func:`executor.llm_driver.decoder_for` reads them from
-    ``spec`` (the named shape, overridden by ``model.params``), before any is built.
+    ``spec`` (the named shape, overridden by ``model.params``:
+    :func:`calibration.llm_shapes.config_for`), before any is built.
 
     Raises:
-        ValueError: an unknown ``model.params.shape``.
+        ValueError: an unknown ``model.params.shape``, or a size that is not an integer >= 1
+            (or breaks the shape's divisibility), naming it.
     """
-    from calibration.llm_shapes import SHAPES, DecoderConfig
+    from dataclasses import asdict
 
-    params = dict(spec.get("params") or {})
-    shape = str(params.pop("shape", "small"))
-    if shape not in SHAPES:
-        raise ValueError(f"model.params.shape {shape!r}: allowed: {', '.join(SHAPES)}")
-    return {**SHAPES[shape].__dict__, **{k: float(v) for k, v in params.items()
-                                         if k in DecoderConfig.__dataclass_fields__
-                                         and isinstance(v, int | float)}}
+    from calibration.llm_shapes import config_for
+
+    return {k: float(v) for k, v in asdict(config_for(spec.get("params"))).items()}
 
 
 def decoder_bytes(spec: dict[str, Any], slots: int, max_len: int,

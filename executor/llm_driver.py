@@ -370,14 +370,12 @@ def decoder_for(spec: dict[str, Any], max_slots: int, max_len: int) -> LlamaDeco
     its size changes the step time (memory locality), and the engine must run the decoder
     the profile measured.
     """
-    from calibration.llm_decoder import SHAPES, DecoderConfig, dtype_of
+    from dataclasses import asdict
 
-    params = dict(spec.get("params") or {})
-    shape = str(params.pop("shape", "small"))
-    if shape not in SHAPES:
-        raise ValueError(f"model.params.shape {shape!r}: allowed: {', '.join(SHAPES)}")
-    base = {**SHAPES[shape].__dict__, **{k: int(v) for k, v in params.items()
-                                         if k in DecoderConfig.__dataclass_fields__}}
+    from calibration.llm_decoder import DecoderConfig, dtype_of
+    from calibration.llm_shapes import config_for
+
+    base = asdict(config_for(spec.get("params")))
     base.update(max_slots=max(max_slots, base["max_slots"]),
                 max_len=max(max_len, base["max_len"]))
     return LlamaDecoder(DecoderConfig(**base), device=str(spec.get("device") or "cpu"),

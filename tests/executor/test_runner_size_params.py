@@ -1,4 +1,5 @@
-"""A built-in runner's size params given as numbers that are not Python ints.
+"""A built-in runner's (and the live LLM decoder's) size params given as numbers that are
+not Python ints.
 
 ``--param width=1e3`` and ``--set model.params.width=1e3`` read as the float 1000.0 since
 :func:`sim.scenario.schema.cli_value` (YAML 1.1 read ``1e3`` as a string); NaN and inf come
@@ -42,3 +43,29 @@ def test_the_live_budget_refuses_a_nan_size_naming_it() -> None:
         runner_bytes({"name": "mlp", "params": {"width": math.nan}})
     assert runner_bytes({"name": "mlp", "params": {"width": 16.0}}) == \
         runner_bytes({"name": "mlp", "params": {"width": 16}})
+
+
+TINY = {"layers": 1, "hidden": 64, "heads": 2, "kv_heads": 1, "intermediate": 64,
+        "vocab": 128}
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, 64.5])
+def test_the_live_budget_refuses_a_decoder_size_that_is_not_an_integer(value: float) -> None:
+    # catches: the live pre-flight priced hidden NaN/inf as NaN bytes and refused the run
+    # naming ``replicas``; it priced hidden 64.5 as 64.5 while the engine built 64
+    from executor.live_budget import decoder_shape
+
+    with pytest.raises(ValueError, match=r"^--param hidden=.*: must be an integer >= 1$"):
+        decoder_shape({"params": {**TINY, "hidden": value}})
+
+
+def test_the_engine_refuses_a_fractional_decoder_size() -> None:
+    # catches: decoder_for truncated hidden 64.5 to 64 (int()) and built that decoder
+    # silently; and DecoderConfig.check raised OverflowError on inf, not its one line
+    from calibration.llm_shapes import DecoderConfig
+    from executor.llm_driver import decoder_for
+
+    with pytest.raises(ValueError, match=r"^--param hidden=64.5: must be an integer >= 1$"):
+        decoder_for({"params": {**TINY, "hidden": 64.5}}, 1, 8)
+    with pytest.raises(ValueError, match=r"^--param hidden=inf: must be an integer >= 1$"):
+        DecoderConfig(hidden=math.inf).check()  # type: ignore[arg-type]
