@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from calibration.llm_decoder import SHAPES, DecoderConfig, LlamaDecoder, StepEntry, dtype_of
+from calibration.llm_shapes import config_for
 from calibration.step_profile import StepProfile, relative_errors
 
 
@@ -103,18 +104,18 @@ def _timer(device: str) -> Callable[[Callable[[], Any]], float]:
     return timed
 
 
-def build_decoder(shape: str, overrides: dict[str, int], device: str, dtype: str,
+def build_decoder(shape: str, overrides: dict[str, Any], device: str, dtype: str,
                   threads: int | None) -> LlamaDecoder:
     """The decoder of a named shape (``small``, ``1b``, ``8b``) with parameter overrides."""
     if shape not in SHAPES:
         raise ValueError(f"--param shape={shape}: allowed: {', '.join(SHAPES)}")
-    base = SHAPES[shape]
     fields = set(DecoderConfig.__dataclass_fields__)
     unknown = set(overrides) - fields
     if unknown:
         raise ValueError(f"--param {sorted(unknown)[0]}: allowed: shape, "
                          f"{', '.join(sorted(fields))}")
-    cfg = DecoderConfig(**{**base.__dict__, **overrides})
+    # config_for: --param hidden=1e3 reads as 1000.0, which torch refused with a TypeError
+    cfg = config_for({"shape": shape, **overrides})
     if threads is not None:
         torch.set_num_threads(threads)
     return LlamaDecoder(cfg, device=device, dtype=dtype_of(dtype))

@@ -69,3 +69,13 @@ def test_the_engine_refuses_a_fractional_decoder_size() -> None:
         decoder_for({"params": {**TINY, "hidden": 64.5}}, 1, 8)
     with pytest.raises(ValueError, match=r"^--param hidden=inf: must be an integer >= 1$"):
         DecoderConfig(hidden=math.inf).check()  # type: ignore[arg-type]
+
+
+def test_llm_calibration_builds_an_integral_float_shape() -> None:
+    # catches: calibrate's build_decoder passed --param hidden=64.0 (cli_value reads 64e0 as
+    # a float) to torch, which raised TypeError ("type must be tuple of ints") mid-build
+    from calibration.step_measure import build_decoder
+
+    decoder = build_decoder("small", {**TINY, "hidden": 64.0, "max_slots": 2.0,
+                                      "max_len": 16.0}, "cpu", "fp32", None)
+    assert decoder.cfg.hidden == 64 and type(decoder.cfg.hidden) is int
