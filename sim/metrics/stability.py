@@ -16,6 +16,11 @@ how long the run lasted. Every summary therefore carries a verdict:
   clients bound the queue);
 * ``stable`` otherwise.
 
+Whatever the load says, a run whose throughput measures nothing is ``unstable``
+(:func:`unmeasurable`): nothing finished while requests stayed queued, nothing finished
+inside the window, or no request was served at all (every one rejected, expired or failed),
+also for a bounded queue or a closed loop.
+
 Capacity is ``replicas × concurrent batches × max over the policy's batch sizes b of
 b / mean service time(b × mean request size)``: the most a fleet can finish per second if
 every batch is as efficient as the policy allows.
