@@ -797,6 +797,21 @@ def read_scenario_dict(ref: str | Path) -> dict[str, Any]:
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
+def _names_text(data: dict[str, Any], key: str) -> bool:
+    """Whether ``key`` (dotted) holds text: a name, or a field the scenario already gives as
+    a string (so ``--set name=1e5`` keeps the text a person typed).
+    """
+    parts = key.split(".")
+    if parts[-1] == "name":
+        return True
+    node: Any = data
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return isinstance(node, str)
+
+
 def cli_value(raw: str) -> Any:
     """A command-line value (``--set``, ``--grid``, ``--param``) read as YAML, with one
     exception: YAML 1.1 reads ``1e9`` and ``1.5e9`` (an exponent without a sign or without a
@@ -841,6 +856,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any],
             key, raw = text.split("=", 1)
             try:
                 value = cli_value(raw)
+                if isinstance(value, float) and _names_text(data, key.strip()):
+                    value = yaml.safe_load(raw)  # "1e5" meant as text, as YAML reads it
             except yaml.YAMLError:
                 value = raw
             items.append((key.strip(), value))

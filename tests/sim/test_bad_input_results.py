@@ -303,3 +303,15 @@ def test_an_exponent_without_a_sign_is_a_number(flag, text, want) -> None:
         assert load_scenario(data).workload.size == int(want)
     else:
         assert parse_grid_value(text.split("=", 1)[1]) == want
+
+
+def test_an_exponent_meant_as_text_stays_text() -> None:
+    # a name, or a field the scenario already holds as text, keeps what was typed: reading
+    # 1e5 as a number had made --set name=1e5 fail ("name: Input should be a valid string")
+    from sim.scenario.schema import apply_overrides
+
+    data = apply_overrides({**json.loads(json.dumps(GOOD)), "name": "base"},
+                           ["name=1e5", "model.name=2e3", "workload.size=1e3"])
+    assert data["name"] == "1e5" and data["model"]["name"] == "2e3"
+    assert data["workload"]["size"] == 1000.0
+    assert load_scenario({k: v for k, v in data.items() if k != "model"}).name == "1e5"
