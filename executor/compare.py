@@ -32,10 +32,12 @@ from executor.compare_loop import (
     run_repeats,
     write_compare,
 )
+from executor.live_budget import check_live_requests
 from executor.live_requests import (
     check_live_bounds,
     default_runners,
     live,
+    model_spec,
     replica_loader,
     scenario_profile,
 )
@@ -93,8 +95,12 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
             progress: Callable[[str], None] | None = None, probe_mode: str = "full",
             probe_budget_s: float = 3.0, sim_replications: int = 10,
             drain_timeout_s: float | None = None, max_wall_s: float = 600.0,
-            force: bool = False) -> dict[str, Any]:
+            force: bool = False, yes: bool = False) -> dict[str, Any]:
     """Simulate the scenario and run it live ``repeats`` times; write and return the comparison.
+
+    First, as ``live`` does, the run's records and models are priced against the memory
+    budget (:mod:`executor.live_budget`; ``yes`` runs past it): the simulation comes next,
+    and a scenario of a billion requests would otherwise hold the process there.
 
     Before anything runs live, the simulated run (with the same drain timeout as the live
     runs: default the window's length) must be stable and its predicted wall time, for all
@@ -116,6 +122,7 @@ def compare(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Pat
     if sim_replications < 1:
         raise UserError(f"sim_replications {sim_replications}: must be >= 1")
     scn = load_scenario(scenario, overrides)
+    check_live_requests(scn, model_spec(scn) if runners is None else None, yes=yes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
@@ -233,13 +240,14 @@ def sweep(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path,
           runners: Sequence[ModelRunner] | None = None,
           progress: Callable[[str], None] | None = None, probe_mode: str = "full",
           probe_budget_s: float = 3.0, drain_timeout_s: float | None = None,
-          max_wall_s: float = 600.0, force: bool = False) -> pd.DataFrame:
+          max_wall_s: float = 600.0, force: bool = False, yes: bool = False) -> pd.DataFrame:
     """``compare`` at each target utilisation; writes ``fidelity.csv`` and returns it.
 
     When probing, the rates are found on the profile refreshed by a probe of the device taken
     first, so that each target ρ is the utilisation the device really sees.
     """
     scn = load_scenario(scenario, overrides)
+    check_live_requests(scn, model_spec(scn) if runners is None else None, yes=yes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runner_list = list(runners) if runners is not None else default_runners(scn)
@@ -254,7 +262,7 @@ def sweep(scenario: Scenario | dict[str, Any] | str | Path, out_dir: str | Path,
         data = compare(sub, out / f"rho-{rho:g}", repeats=repeats, runners=runner_list,
                        progress=progress, probe_mode=probe_mode,
                        probe_budget_s=probe_budget_s, drain_timeout_s=drain_timeout_s,
-                       max_wall_s=max_wall_s, force=force)
+                       max_wall_s=max_wall_s, force=force, yes=yes)
         for row in data["rows"]:
             rows.append({"target_rho": rho, "rate_rps": rate, **row})
     frame = pd.DataFrame(rows)

@@ -34,6 +34,7 @@ from executor.compare_loop import (
     write_compare,
 )
 from executor.lifecycle import check_bounds, default_drain_s
+from executor.live_budget import check_llm_engines, check_llm_plan
 from executor.live_llm import (
     build_decoders,
     live_llm,
@@ -111,7 +112,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
                 probe_mode: str = "full", drain_timeout_s: float | None = None,
                 max_wall_s: float = 600.0, force: bool = False,
                 progress: Callable[[str], None] | None = None,
-                decoders: list[Any] | None = None) -> dict[str, Any]:
+                decoders: list[Any] | None = None, yes: bool = False) -> dict[str, Any]:
     """Simulate, run live ``repeats`` times (probing around each), compare; write
     ``compare.json``, ``sim/``, ``sim-i/`` and ``live-i/`` run directories.
 
@@ -124,6 +125,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
     """
     check_compare_args(repeats, probe_mode, PROBE_MODES, "LLM scenarios")
     scn = load_llm_scenario(scenario, overrides)
+    check_llm_plan(scn, yes=yes)  # as live: before the simulation draws the plan
     if scn.service.kind not in ("llm_profile", "llm_roofline"):
         raise UserError("service.kind: compare needs a measured step profile (llm_profile) "
                         "or a roofline (llm_roofline); an llm_linear model has no device to "
@@ -143,6 +145,7 @@ def compare_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: st
                      horizon_s(scn, core.arrival_s), max_wall_s=max_wall_s, repeats=repeats)
     slots, max_len = decoder_capacity(scn, core)
     if decoders is None:
+        check_llm_engines(scn, llm_model_spec(scn), core, slots, max_len, yes=yes)
         decoders = build_decoders(llm_model_spec(scn), resident_engines(scn), slots, max_len)
     probe_decoder = decoders[0] if decoders else None
     if probe_mode == "full" and probe_decoder is None:  # scale from zero: one to probe
@@ -189,8 +192,8 @@ def sweep_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str 
               rhos: Sequence[float], *, repeats: int = 3,
               overrides: list[str] | dict[str, Any] | None = None, probe_mode: str = "full",
               drain_timeout_s: float | None = None, max_wall_s: float = 600.0,
-              force: bool = False, progress: Callable[[str], None] | None = None
-              ) -> pd.DataFrame:
+              force: bool = False, progress: Callable[[str], None] | None = None,
+              yes: bool = False) -> pd.DataFrame:
     """``compare_llm`` at each target load ρ (offered request rate over the configuration's
     capacity, :mod:`sim.experiments.llm_load`); writes ``fidelity.csv``/``.json`` and returns
     the rows.
@@ -216,8 +219,12 @@ def sweep_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str 
     # room for every point up to a device 1.5x faster than its profile (more requests)
     points = [load_llm_scenario(scn, load_overrides(scn, r * f, capacity_stored))
               for r in rhos for f in (1.0, 1.5)]
-    sizes = [decoder_capacity(p, build_llm_core(p)) for p in points]
+    for p in points:
+        check_llm_plan(p, yes=yes)  # as live: before each point's plan is drawn
+    cores = [build_llm_core(p) for p in points]
+    sizes = [decoder_capacity(p, c) for p, c in zip(points, cores, strict=True)]
     slots, max_len = max(s for s, _ in sizes), max(m for _, m in sizes)
+    check_llm_engines(points[-1], llm_model_spec(scn), cores[-1], slots, max_len, yes=yes)
     decoders = build_decoders(llm_model_spec(scn), max(resident_engines(scn), 1), slots,
                               max_len)
     rate_scn, capacity = scn, capacity_stored
@@ -241,7 +248,7 @@ def sweep_llm(scenario: LlmScenario | dict[str, Any] | str | Path, out_dir: str 
                      + ", ".join(f"{k.split('.')[-1]} {v:.3g}" for k, v in ov.items()))
         data = compare_llm(sub, out / f"rho-{rho:g}", repeats=repeats, probe_mode=probe_mode,
                            drain_timeout_s=drain_timeout_s, max_wall_s=max_wall_s,
-                           force=force, progress=progress, decoders=decoders)
+                           force=force, progress=progress, decoders=decoders, yes=yes)
         for row in data["rows"]:
             rows.append({"target_rho": rho, "capacity_rps": capacity,
                          "capacity_stored_rps": capacity_stored,

@@ -255,6 +255,18 @@ def decoder_bytes(spec: dict[str, Any], slots: int, max_len: int,
     return weights, 2.0 * layers * kv_heads * head_dim * tokens * dtype
 
 
+def check_llm_engines(scn: Any, spec: dict[str, Any], core: Any, slots: int, max_len: int,
+                      *, yes: bool = False) -> None:
+    """:func:`check_live_llm` for the plan ``core`` (``build_llm_core``'s) drew: the longest
+    prompt and output it holds, and the prefix-caching block store when caching is on.
+    """
+    store_tokens = 0
+    if bool(getattr(scn.policy, "enable_prefix_caching", False)):  # attach_block_store's
+        store_tokens = int(core.limits.num_blocks or 0) * int(scn.policy.block_size)
+    longest = (int(core.prompt_tokens.max(initial=0)), int(core.output_tokens.max(initial=0)))
+    check_live_llm(scn, spec, slots, max_len, longest, store_tokens, yes=yes)
+
+
 def check_live_llm(scn: Any, spec: dict[str, Any], slots: int, max_len: int,
                    longest: tuple[int, int], store_tokens: int, *, yes: bool = False) -> None:
     """Refuse an LLM live run whose decoders (one per engine slot) would not fit, before

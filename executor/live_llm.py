@@ -22,7 +22,7 @@ from executor.lifecycle import (
     default_drain_s,
     stop_on_signals,
 )
-from executor.live_budget import check_live_llm, check_llm_plan
+from executor.live_budget import check_llm_engines, check_llm_plan
 from sim.drivers.llm_simulate import (
     LlmResult,
     build_llm_core,
@@ -202,13 +202,7 @@ def live_llm(scenario: LlmScenario | dict[str, Any] | str | Path,
     slots, max_len = decoder_capacity(scn, core)
     caching = bool(getattr(scn.policy, "enable_prefix_caching", False))
     if not replay and decoders is None:
-        store_tokens = 0
-        if caching:  # the prefix-caching block store (attach_block_store)
-            block_size = int(scn.policy.block_size)  # type: ignore[union-attr]
-            store_tokens = int(core.limits.num_blocks or 0) * block_size
-        longest = (int(core.prompt_tokens.max(initial=0)),
-                   int(core.output_tokens.max(initial=0)))
-        check_live_llm(scn, spec, slots, max_len, longest, store_tokens, yes=yes)
+        check_llm_engines(scn, spec, core, slots, max_len, yes=yes)
     import torch
 
     if spec.get("threads"):

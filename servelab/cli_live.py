@@ -163,6 +163,7 @@ def compare_cmd(
         help="Refuse when the predicted wall time of all live runs exceeds this (seconds)."),
     ] = 600.0,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help=LIVE_YES_HELP)] = False,
     model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
     endpoint: Annotated[str | None, typer.Option(
         help="Measure this server with bench instead of running live (an OpenAI-compatible "
@@ -200,7 +201,7 @@ def compare_cmd(
         return
     if _is_llm(scenario):
         _compare_llm(scenario, out, repeats, set_, probe, drain_timeout_s, max_wall_s, force,
-                     rhos)
+                     rhos, yes)
         return
 
     try:
@@ -208,14 +209,14 @@ def compare_cmd(
             frame = sweep(scenario, out, rhos, repeats=repeats, overrides=set_ or None,
                           progress=lambda m: console.print(f"[dim]{m}[/]"), probe_mode=probe,
                           probe_budget_s=probe_budget_s, drain_timeout_s=drain_timeout_s,
-                          max_wall_s=max_wall_s, force=force)
+                          max_wall_s=max_wall_s, force=force, yes=yes)
             console.print(_fidelity_table(frame, REQUEST_FIDELITY_KEYS))
             console.print(f"fidelity curve: {out / 'fidelity.csv'}")
             return
         data = compare(scenario, out, repeats=repeats, overrides=set_ or None,
                        progress=lambda m: console.print(f"[dim]{m}[/]"), probe_mode=probe,
                        probe_budget_s=probe_budget_s, drain_timeout_s=drain_timeout_s,
-                       max_wall_s=max_wall_s, force=force)
+                       max_wall_s=max_wall_s, force=force, yes=yes)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -231,7 +232,7 @@ def compare_cmd(
 
 def _compare_llm(scenario: str, out: Path, repeats: int, set_: list[str] | None, probe: str,
                  drain_timeout_s: float | None, max_wall_s: float, force: bool,
-                 rhos: list[float]) -> None:
+                 rhos: list[float], yes: bool = False) -> None:
     """``servelab compare`` (and ``--sweep``) for an LLM scenario."""
     from executor.compare_llm import compare_llm, sweep_llm
 
@@ -239,7 +240,7 @@ def _compare_llm(scenario: str, out: Path, repeats: int, set_: list[str] | None,
         if rhos:
             frame = sweep_llm(scenario, out, rhos, repeats=repeats, overrides=set_ or None,
                               probe_mode=probe, drain_timeout_s=drain_timeout_s,
-                              max_wall_s=max_wall_s, force=force,
+                              max_wall_s=max_wall_s, force=force, yes=yes,
                               progress=lambda m: console.print(f"[dim]{m}[/]"))
             console.print(_fidelity_table(frame, LLM_FIDELITY_KEYS))
             console.print(f"capacity {frame['capacity_rps'].iloc[0]:.3g} req/s on the probed "
@@ -249,7 +250,7 @@ def _compare_llm(scenario: str, out: Path, repeats: int, set_: list[str] | None,
             return
         data = compare_llm(scenario, out, repeats=repeats, overrides=set_ or None,
                            probe_mode=probe, drain_timeout_s=drain_timeout_s,
-                           max_wall_s=max_wall_s, force=force,
+                           max_wall_s=max_wall_s, force=force, yes=yes,
                            progress=lambda m: console.print(f"[dim]{m}[/]"))
     except USER_ERRORS as exc:
         fail(str(exc))

@@ -49,15 +49,16 @@ def _limit_address_space() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_LIMIT_BYTES, ADDRESS_LIMIT_BYTES))
 
 
-def live_cli(tmp_path: Path, scenario: dict, *args: str
+def live_cli(tmp_path: Path, scenario: dict, *args: str, command: str = "live"
              ) -> tuple[subprocess.CompletedProcess[str], int]:
-    """``servelab live`` on ``scenario`` in a subprocess: (the process, its peak RSS)."""
+    """``servelab live`` (or ``command``) on ``scenario`` in a subprocess: (the process, its
+    peak RSS)."""
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(scenario))
     peak_file = tmp_path / "peak"
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "250",
            "PEAK_RSS_FILE": str(peak_file)}
-    proc = subprocess.run([sys.executable, "-c", WRAPPER, "live", str(path), *args],
+    proc = subprocess.run([sys.executable, "-c", WRAPPER, command, str(path), *args],
                           capture_output=True, text=True, timeout=120, env=env, cwd=REPO,
                           preexec_fn=_limit_address_space)
     peak = int(peak_file.read_text()) if peak_file.exists() else -1
@@ -120,4 +121,25 @@ def test_live_beyond_the_memory_budget_is_refused_before_any_model_loads(
     assert needle in lines[0], lines[0]
     assert "pass --yes" in lines[0] and "beyond the budget of 4 GiB of memory" in lines[0]
     # refused before any model (or torch) was loaded and before the schedule was drawn
+    assert 0 < peak_bytes < PEAK_RSS_LIMIT_BYTES, peak_bytes
+
+
+COMPARE_CASES = [c for c in CASES if c[0] in (
+    "1e9 requests", "1e9 requests, --force", "model input size", "llm 1e9 requests")]
+
+
+@pytest.mark.parametrize(("label", "scenario", "args", "needle"), COMPARE_CASES,
+                         ids=[c[0] for c in COMPARE_CASES])
+def test_compare_beyond_the_memory_budget_is_refused_before_it_simulates(
+        tmp_path: Path, label: str, scenario: dict, args: list[str], needle: str) -> None:
+    # compare simulated the scenario before anything else (its bounds check and the
+    # prediction): 1e9 requests held the process in "simulating" past a minute, growing,
+    # with or without --force; an mlp of 1e8 inputs was built after the simulation
+    proc, peak_bytes = live_cli(tmp_path, scenario, *args, "--repeats", "1",
+                                command="compare")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0] and "pass --yes" in lines[0], lines[0]
     assert 0 < peak_bytes < PEAK_RSS_LIMIT_BYTES, peak_bytes
