@@ -42,6 +42,7 @@ import pytest
 import sim
 from sim.serving.fleet import OFF, READY, Fleet, replica_seconds
 from tests.conftest import Want
+from tests.sim.test_autoscaling_retire import _alive_s
 from tests.sim.test_review_round45 import _check_run, _random_scenario, _ready_intervals
 
 EPS_S = 1e-9
@@ -127,21 +128,6 @@ def test_replica_seconds_count_all_three_replicas_until_each_stops(tmp_path) -> 
         # per slot (4 with Ray's rule)
         assert result.summary["stability"]["capacity_rps"] == pytest.approx(0.4, rel=1e-12)
         assert len(result.summary["utilization_per_replica"]) == (2 if holds else 4)
-
-
-def _alive_s(events: pd.DataFrame, replica: int, end_s: float) -> float:
-    """Seconds in [0, end_s] that ``replica`` held resources (deploy or launch to stop,
-    kill or cancel).
-    """
-    total_s, since_s = 0.0, None
-    for time_s, event in events.loc[events["replica"] == replica,
-                                    ["time_s", "event"]].itertuples(index=False):
-        if event in ("deploy", "launch"):
-            since_s = time_s
-        elif event in ("stop", "kill", "cancel") and since_s is not None:
-            total_s += min(time_s, end_s) - min(since_s, end_s)
-            since_s = None
-    return total_s + (end_s - min(since_s, end_s) if since_s is not None else 0.0)
 
 
 def test_launches_stay_within_max_replicas_and_the_stopping_replica_gets_no_work(
