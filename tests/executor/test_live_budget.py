@@ -21,14 +21,19 @@ REPO = Path(__file__).resolve().parents[2]
 # torch alone maps ~0.9 GB of address space; the refusals import neither it nor a model
 ADDRESS_LIMIT_BYTES = 3 * 2**30
 PEAK_RSS_LIMIT_BYTES = 512 * 2**20
+# The peak is this process's own (VmHWM: the high-water mark of its address space, new at
+# exec), not ru_maxrss: Linux carries the forking parent's peak across fork and exec into
+# ru_maxrss, so under a full suite's pytest (about 1 GB) every case read 990 MB
 WRAPPER = """
-import os, resource, runpy, sys
+import os, runpy, sys
 sys.argv = ["servelab", *sys.argv[1:]]
 try:
     runpy.run_module("servelab.cli", run_name="__main__", alter_sys=True)
 finally:
+    with open("/proc/self/status") as status:
+        kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
     with open(os.environ["PEAK_RSS_FILE"], "w") as fh:
-        fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+        fh.write(str(kib * 1024))
 """
 
 REQUESTS = {"seed": 1, "service": {"kind": "constant", "ms": 1},
