@@ -21,6 +21,7 @@ Needs ``transformers`` (the ``hf`` extra: ``pip install 'servelab[hf]'``).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,8 +78,10 @@ class HfRunner(_TorchRunner):
                  new_tokens: int = 16, seed: int = 0) -> None:
         super().__init__(device, dtype, threads, compile)
         for key, value in (("max_length", max_length), ("new_tokens", new_tokens)):
-            if int(value) != value or value < 1:
+            if (isinstance(value, bool) or not isinstance(value, int | float)
+                    or not math.isfinite(value) or int(value) != value or value < 1):
                 raise RunnerError(f"--param {key}={value}: must be an integer >= 1")
+        max_length, new_tokens = int(max_length), int(new_tokens)  # 1e3 reads as 1000.0
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         try:

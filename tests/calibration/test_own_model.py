@@ -5,6 +5,7 @@ Hugging Face encoder or decoder, and the same ``--model`` flag for calibrate, li
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -118,7 +119,13 @@ def test_bad_hf_models_are_one_clear_line(tmp_path: Path, torch: object,
     (tmp_path / "weird.json").write_text(json.dumps({"model_type": "no-such-model"}))
     with pytest.raises(RunnerError, match="transformers cannot build it"):
         build_runner(f"hf:{tmp_path / 'weird.json'}", device="cpu")
-    monkeypatch.setitem(sys.modules, "transformers", None)
+    # a size that is not a finite integer: NaN and inf raised ValueError/OverflowError from
+    # the runner's own check (int(nan)); a whole-number float (1e3 read as 1000.0) is taken
     (tmp_path / "bert.json").write_text(json.dumps(BERT))
+    for bad in (math.nan, math.inf, 2.5, 0):
+        with pytest.raises(RunnerError, match=r"--param max_length=.*: must be an integer"):
+            build_runner(f"hf:{tmp_path / 'bert.json'}", device="cpu", params={
+                "max_length": bad})
+    monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(RunnerError, match=r"pip install 'servelab\[hf\]'"):
         build_runner(f"hf:{tmp_path / 'bert.json'}", device="cpu")
