@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from executor.lifecycle import HUNG_GRACE_S  # noqa: E402
+from tests.sim.test_bad_input import LLM  # noqa: E402  (its LLM scenario)
 
 RESULTS = ROOT / "benchmarks" / "results"
 TIMEOUT_S = 60.0  # per case: a hang shows as a kill at this limit
@@ -60,14 +61,6 @@ BASE: dict[str, Any] = {
     "service": {"kind": "constant", "ms": 1},
     "workload": {"kind": "poisson", "rate_rps": 100, "n_requests": 200},
     "policy": {"kind": "greedy", "max_batch_size": 4},
-}
-LLM: dict[str, Any] = {  # the LLM scenario of tests/sim/test_bad_input.py
-    "seed": 1,
-    "service": {"kind": "llm_linear", "base_ms": 5, "per_prefill_token_ms": 0.01,
-                "per_decode_seq_ms": 0.05},
-    "workload": {"kind": "poisson", "rate_rps": 5, "n_requests": 20, "prompt_tokens": 10,
-                 "output_tokens": 5},
-    "policy": {"kind": "vllm", "num_gpu_blocks": 64},
 }
 AUTOSCALED = {"kind": "concurrency", "min_replicas": 0, "max_replicas": 2, "cold_start_s": 1}
 
